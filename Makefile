@@ -1,0 +1,52 @@
+# tfpool: the two commands a user needs are `make run` and `make test`; both set up .venv on first use.
+.DEFAULT_GOAL := help
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+help: ## List the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "}{printf "  %-14s %s\n",$$1,$$2}'
+
+$(STAMP): requirements.lock pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --upgrade "pip>=24"
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements.lock
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
+	@touch $(STAMP)
+
+install: $(STAMP) ## Create .venv and install the pinned dependencies
+
+run: $(STAMP) ## Start the whole local control plane (embedded NATS and Postgres, simulated GPUs)
+	$(BIN)/tfctl up
+
+lint: $(STAMP) ## ruff, mypy --strict and the import-linter contracts
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+
+test: lint ## Lint, then every test: unit, integration (real NATS and Postgres) and end to end
+	$(BIN)/pytest
+
+test-unit: $(STAMP) ## Only the unit tests (no network)
+	$(BIN)/pytest tests/unit
+
+fmt: $(STAMP) ## Format and autofix
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+bench: $(STAMP) ## Benchmarks; prints one JSON document
+	$(BIN)/tfctl bench all --json
+
+lock: ## Re-pin requirements.lock from requirements.in (needs network)
+	rm -rf .lockenv && $(PYTHON) -m venv .lockenv
+	.lockenv/bin/pip install --quiet -r requirements.in
+	(echo '# Pinned dependencies for the whole project (runtime, tests and lint). Regenerate with `make lock`.'; \
+	 .lockenv/bin/pip freeze --exclude-editable) > requirements.lock
+	rm -rf .lockenv
+
+clean: ## Remove the virtual environment and local state
+	rm -rf $(VENV) .tf .mypy_cache .ruff_cache
+
+.PHONY: help install run lint test test-unit fmt bench lock clean

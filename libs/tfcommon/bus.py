@@ -1,0 +1,1 @@
+"""Event bus: publishes events to JetStream (NatsEventBus) or to memory (InMemoryEventBus)."""

@@ -1,0 +1,1 @@
+"""The Postgres ledger of GPU allocations: tables, migrations, reserve/release and the outbox."""

@@ -1,0 +1,1 @@
+"""`tfctl`: the one command-line entry point (composition root; may import every service)."""

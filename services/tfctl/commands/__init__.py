@@ -1,0 +1,1 @@
+"""Subcommands of `tfctl`: each module here defines `register(subparsers)` and is found automatically."""

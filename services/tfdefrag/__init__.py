@@ -1,0 +1,1 @@
+"""Defrag planner: node compaction and scheduled defragmentation campaigns."""

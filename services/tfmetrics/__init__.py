@@ -1,0 +1,1 @@
+"""Metrics: OpenTelemetry series, billing from the ledger, fragmentation KPIs and the dashboard."""

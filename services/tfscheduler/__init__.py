@@ -1,0 +1,1 @@
+"""Scheduler: places pending GPU workloads, reserves them in the ledger and binds them."""

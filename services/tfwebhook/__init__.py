@@ -1,0 +1,1 @@
+"""Admission webhook: TensorFusion-compatible pod mutation and migration of native GPU workloads."""
