@@ -38,3 +38,49 @@ class Event(Message):
 
 class Command(Message):
     """A request addressed to exactly one service (imperative)."""
+
+
+class WorkloadRef(BaseModel):
+    """Which workload a message is about: a pod (Kubernetes) or a local submission."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    namespace: str
+    name: str
+    uid: str | None = None
+    workload: str | None = Field(default=None, description="owning controller's name, else the pod's")
+
+
+class GpuShare(BaseModel):
+    """What one allocation holds on one GPU: requests only (limits are never reserved)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    gpu_uuid: str
+    tflops_milli: int = Field(ge=0)
+    vram_bytes: int = Field(ge=0)
+
+
+class AllocationCreated(Event):
+    """GPU capacity was reserved in the ledger for a workload (one event per allocation)."""
+
+    subject: ClassVar[str] = "tf.evt.allocation.created"
+
+    allocation_id: UUID
+    workload: WorkloadRef
+    pool: str
+    node: str
+    shares: tuple[GpuShare, ...]
+    qos: str
+    isolation: str
+
+
+class AllocationReleased(Event):
+    """An allocation was closed in the ledger (pod gone, finished, evicted or rolled back); sent once."""
+
+    subject: ClassVar[str] = "tf.evt.allocation.released"
+
+    allocation_id: UUID
+    workload: WorkloadRef
+    node: str
+    reason: str
