@@ -7,6 +7,8 @@ the tests start their own with the same launchers `tfctl up` uses, in a temporar
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,27 +17,34 @@ from tfcommon.infra import EmbeddedNats, EmbeddedPostgres
 
 
 @pytest.fixture(scope="session")
-def nats_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def nats_url() -> Iterator[str]:
     configured = os.environ.get("TF_NATS_URL")
     if configured:
         yield configured
         return
-    server = EmbeddedNats(store_dir=tmp_path_factory.mktemp("nats"))
+    store_dir = Path(tempfile.mkdtemp(prefix="tfpool-test-nats-"))
+    server = EmbeddedNats(store_dir=store_dir)
     try:
         yield server.start()
     finally:
         server.stop()
+        shutil.rmtree(store_dir, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
-def postgres_server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """URL of a Postgres server's maintenance database; tests create their own databases on it."""
+def postgres_server_url() -> Iterator[str]:
+    """URL of a Postgres server; tests create their own databases on it.
+
+    The data lives outside pytest's temporary folders, which another pytest session may prune.
+    """
     configured = os.environ.get("TF_DATABASE_URL")
     if configured:
         yield configured
         return
-    server = EmbeddedPostgres(data_dir=Path(tmp_path_factory.mktemp("pg")) / "data")
+    root = Path(tempfile.mkdtemp(prefix="tfpool-test-pg-"))
+    server = EmbeddedPostgres(data_dir=root / "data")
     try:
         yield server.start()
     finally:
         server.stop()
+        shutil.rmtree(root, ignore_errors=True)

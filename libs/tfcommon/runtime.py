@@ -1,0 +1,491 @@
+"""The service runtime: what every tfpool service shares from start to exit.
+
+A service is described by a `ServiceSpec` and run with `serve(spec, stop=...)` (tests, embedding) or
+`run_service(spec)` (the process entry point behind `tfctl serve`, which also handles SIGTERM/SIGINT):
+
+1. connect to NATS (`NatsEventBus`) and wait for Postgres to answer, retrying up to
+   `spec.startup_timeout_s`; then `subjects.provision()` the streams and durable consumers;
+2. open the ledger (`SqlLedger`) and build a `ServiceContext`;
+3. call `spec.compose(context)`: the service's own composition root. It returns `Components`: FastAPI
+   routers, named background tasks (pull-consumer loops, timers) and extra readiness checks. Anything it
+   opens that needs closing goes on `context.cleanup` (an `AsyncExitStack`);
+4. serve HTTP with uvicorn (HTTPS when `spec.tls` is set) with `GET /healthz` (alive) and `GET /readyz`
+   (200 only when NATS and Postgres answer and every extra check passes; 503 with a JSON body naming
+   what is down) plus the routers, and run the tasks;
+5. on `stop` (SIGTERM/SIGINT): stop accepting connections, set `context.stopping` so the tasks finish
+   their in-flight work and return, drain the NATS connection, close `context.cleanup` and the ledger,
+   and return. A task that fails or returns before `stopping` is set stops the service with
+   `ServiceFailedError` (exit code 1), so a supervisor sees the crash instead of a half-working process.
+
+Nothing here runs at import time and nothing is global: every dependency is an explicit field.
+The runtime makes no decisions of its own; it is the I/O shell around each service's composition.
+
+A minimal service:
+
+    async def compose(context: ServiceContext[SchedulerSettings]) -> Components:
+        return Components(
+            routers=[build_router(context.ledger)],
+            tasks={"schedule-workload": lambda: run_pull_consumer(..., stop=context.stopping)},
+        )
+
+    spec = ServiceSpec(name="scheduler", settings=SchedulerSettings(), port=8080, compose=compose)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import ssl
+import time
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+import uvicorn
+from fastapi import APIRouter, FastAPI
+from fastapi.responses import JSONResponse
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.pool import NullPool
+
+from tfcommon import subjects
+from tfcommon.bus import NatsEventBus
+from tfcommon.ledger.sql import SqlLedger
+from tfcommon.ledger.urls import DatabaseUrlError, ledger_url
+from tfcommon.logs import configure_logging
+from tfcommon.settings import ServiceSettings
+from tfcommon.telemetry import setup_telemetry
+from tfcommon.tls import TlsFiles
+
+SettingsT = TypeVar("SettingsT", bound=ServiceSettings)
+T = TypeVar("T")
+
+ReadinessCheck = Callable[[], Awaitable[str | None]]
+"""Returns None when the dependency is ready, else a short reason such as `"config file missing"`."""
+
+BackgroundTask = Callable[[], Awaitable[None]]
+"""Runs until the service's `stopping` event is set, then finishes in-flight work and returns."""
+
+PROBE_TIMEOUT_S = 2
+SHUTDOWN_TIMEOUT_S = 20.0
+RETRY_INTERVAL_S = 0.5
+
+log = logging.getLogger("tfcommon.runtime")
+
+
+class StartupError(RuntimeError):
+    """The service could not start; the message names the dependency or setting and the fix."""
+
+
+class ServiceFailedError(RuntimeError):
+    """A background task failed (or ended on its own) while the service was running."""
+
+
+@dataclass(frozen=True)
+class Components:
+    """What a service plugs into the runtime, returned by its `compose` function.
+
+    `routers` are mounted on the service's FastAPI app. `tasks` maps a short name (used in logs) to a
+    coroutine function started after the server listens; each must return promptly once
+    `context.stopping` is set. `readiness` maps a name to an extra `/readyz` check.
+    """
+
+    routers: Sequence[APIRouter] = ()
+    tasks: Mapping[str, BackgroundTask] = field(default_factory=dict)
+    readiness: Mapping[str, ReadinessCheck] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ServiceContext(Generic[SettingsT]):
+    """The running service's shared dependencies, handed to `compose`.
+
+    `bus` is connected (its `.nc` / `.js` are the NATS connection and JetStream context) and the streams
+    are provisioned; `ledger` is open. `stopping` is set when the service begins to shut down.
+    `cleanup` is closed after the tasks have returned and the bus has drained (last in, first out).
+    `ssl_context` is the live server context when serving HTTPS: loading a new chain into it
+    (`load_cert_chain`) rotates the certificate for new connections without a restart.
+    """
+
+    name: str
+    settings: SettingsT
+    bus: NatsEventBus
+    ledger: SqlLedger
+    database_url: str
+    stopping: asyncio.Event
+    cleanup: AsyncExitStack
+    ssl_context: ssl.SSLContext | None
+
+
+async def no_components(context: ServiceContext[Any]) -> Components:
+    """The composition of a service that only serves its health endpoints."""
+    return Components()
+
+
+@dataclass(frozen=True)
+class ServiceSpec(Generic[SettingsT]):
+    """How to run one service: its kebab-case name (logs, consumer prefix), settings, port and parts.
+
+    `host` and `port` are where it listens; `tls` switches the server to HTTPS. `compose` builds the
+    service's `Components` once the bus and ledger are up.
+    """
+
+    name: str
+    settings: SettingsT
+    port: int
+    compose: Callable[[ServiceContext[SettingsT]], Awaitable[Components]] = no_components
+    host: str | None = None
+    tls: TlsFiles | None = None
+    startup_timeout_s: float = 30.0
+
+    @property
+    def bind_host(self) -> str:
+        return self.host if self.host is not None else self.settings.bind_host
+
+
+def required_urls(settings: ServiceSettings) -> tuple[str, str]:
+    """Return `(nats_url, database_url)` or raise `StartupError` naming every missing variable."""
+    missing = [
+        name
+        for name, value in (("TF_NATS_URL", settings.nats.url), ("TF_DATABASE_URL", settings.database.url))
+        if not value
+    ]
+    if missing:
+        raise StartupError(
+            f"{' and '.join(missing)} not set: a service needs the bus and the ledger, e.g. "
+            "TF_NATS_URL=nats://127.0.0.1:4222 "
+            "TF_DATABASE_URL=postgresql+psycopg://postgres@127.0.0.1:5432/tfpool "
+            "(or run the whole local stack with `tfctl up`, which starts both)"
+        )
+    nats_url, database_url = settings.nats.url or "", settings.database.url or ""
+    try:
+        ledger_url(database_url)
+    except DatabaseUrlError as error:
+        raise StartupError(str(error)) from error
+    return nats_url, database_url
+
+
+async def check_nats(bus: NatsEventBus) -> str | None:
+    if not bus.nc.is_connected:
+        return "not connected (reconnecting)" if bus.nc.is_reconnecting else "not connected"
+    try:
+        await bus.nc.flush(timeout=PROBE_TIMEOUT_S)
+    except Exception as error:
+        return f"no answer to PING: {type(error).__name__}"
+    return None
+
+
+async def check_postgres(engine: AsyncEngine) -> str | None:
+    try:
+        async with asyncio.timeout(PROBE_TIMEOUT_S), engine.connect() as connection:
+            await connection.execute(text("SELECT 1"))
+    except Exception as error:
+        return f"SELECT 1 failed: {_first_line(error)}"
+    return None
+
+
+def _first_line(error: BaseException) -> str:
+    message = str(error).strip().splitlines()
+    return message[0] if message else type(error).__name__
+
+
+def probe_engine(database_url: str) -> AsyncEngine:
+    """An engine that opens one short-lived connection per readiness probe (no pool to go stale)."""
+    return create_async_engine(
+        ledger_url(database_url), poolclass=NullPool, connect_args={"connect_timeout": PROBE_TIMEOUT_S}
+    )
+
+
+def build_app(
+    name: str,
+    routers: Sequence[APIRouter],
+    checks: Mapping[str, ReadinessCheck],
+) -> FastAPI:
+    """The service's FastAPI app: `/healthz`, `/readyz` over `checks`, then the service's routers."""
+    app = FastAPI(title=f"tfpool {name}", docs_url=None, redoc_url=None)
+
+    @app.get("/healthz", tags=["health"])
+    async def healthz() -> dict[str, str]:
+        return {"service": name, "status": "alive"}
+
+    @app.get("/readyz", tags=["health"])
+    async def readyz() -> JSONResponse:
+        reasons = await asyncio.gather(*(check() for check in checks.values()))
+        results = dict(zip(checks, reasons, strict=True))
+        down = sorted(check for check, reason in results.items() if reason is not None)
+        body = {
+            "service": name,
+            "status": "not ready" if down else "ready",
+            "down": down,
+            "checks": {check: reason or "ok" for check, reason in results.items()},
+        }
+        return JSONResponse(body, status_code=503 if down else 200)
+
+    for router in routers:
+        app.include_router(router)
+    return app
+
+
+class _Server(uvicorn.Server):
+    """uvicorn without its own signal handling: the runtime decides when to stop."""
+
+    def __init__(self, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self.listening = asyncio.Event()
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+    async def startup(self, sockets: Any = None) -> None:
+        await super().startup(sockets=sockets)
+        if self.started:
+            self.listening.set()
+
+
+def server_ssl_context(tls: TlsFiles) -> ssl.SSLContext:
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(tls.cert_file, tls.key_file)
+    return context
+
+
+async def _connect_bus(spec: ServiceSpec[Any], nats_url: str) -> NatsEventBus:
+    nats = spec.settings.nats
+    try:
+        # The bus reconnects forever once connected; the first connection is bounded here.
+        async with asyncio.timeout(spec.startup_timeout_s):
+            return await NatsEventBus.connect(
+                nats_url,
+                service=spec.name,
+                user=nats.user,
+                password=nats.password.get_secret_value() if nats.password else None,
+            )
+    except Exception as error:
+        reason = "no answer" if isinstance(error, TimeoutError) else _first_line(error)
+        raise StartupError(
+            f"NATS at {nats_url} (TF_NATS_URL) did not answer within {spec.startup_timeout_s:.0f}s: {reason}"
+        ) from error
+
+
+async def _wait_for_postgres(spec: ServiceSpec[Any], engine: AsyncEngine, database_url: str) -> None:
+    deadline = time.monotonic() + spec.startup_timeout_s
+    while (reason := await check_postgres(engine)) is not None:
+        if time.monotonic() > deadline:
+            raise StartupError(
+                f"Postgres at {_without_password(database_url)} (TF_DATABASE_URL) did not answer within "
+                f"{spec.startup_timeout_s:.0f}s: {reason}"
+            )
+        await asyncio.sleep(RETRY_INTERVAL_S)
+
+
+async def _unless_stopped(step: Awaitable[T], stop: asyncio.Event) -> T:
+    """Await one start-up step, abandoning it with `_StopRequestedError` as soon as `stop` is set."""
+    work = asyncio.ensure_future(step)
+    stopped = asyncio.create_task(stop.wait())
+    await asyncio.wait({work, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    stopped.cancel()
+    if not work.done():
+        work.cancel()
+        await asyncio.gather(work, return_exceptions=True)
+        raise _StopRequestedError
+    return work.result()
+
+
+class _StopRequestedError(Exception):
+    """`stop` was set while the service was still starting."""
+
+
+async def _close_bus(bus: NatsEventBus) -> None:
+    """Drain the bus; when NATS is unreachable there is nothing to drain, so just close."""
+    try:
+        async with asyncio.timeout(SHUTDOWN_TIMEOUT_S):
+            await bus.close()
+    except Exception as error:
+        log.warning(
+            "NATS connection closed without draining",
+            extra={"event": "service.bus_closed", "outcome": "error", "reason": _first_line(error)},
+        )
+        await bus.nc.close()
+
+
+def _without_password(database_url: str) -> str:
+    return ledger_url(database_url).render_as_string(hide_password=True)
+
+
+async def _serve_http(server: _Server) -> None:
+    try:
+        await server.serve()
+    except SystemExit as exit_:
+        # uvicorn exits the process when it cannot bind; report it as a failure of this service instead.
+        raise ServiceFailedError(
+            f"HTTP server on {server.config.host}:{server.config.port} failed to start (code {exit_.code}); "
+            "is the port in use? Choose another with --port / TF_PORT"
+        ) from None
+
+
+async def serve(spec: ServiceSpec[SettingsT], *, stop: asyncio.Event) -> None:
+    """Run `spec` until `stop` is set, then shut down in order (see the module docstring).
+
+    Raises `StartupError` when NATS or Postgres cannot be reached or a setting is missing, and
+    `ServiceFailedError` when a background task or the HTTP server fails while running.
+    """
+    nats_url, database_url = required_urls(spec.settings)
+    started_at = time.monotonic()
+    async with AsyncExitStack() as resources:
+        try:
+            engine = probe_engine(database_url)
+            resources.push_async_callback(engine.dispose)
+            bus = await _unless_stopped(_connect_bus(spec, nats_url), stop)
+            resources.push_async_callback(_close_bus, bus)
+            await _unless_stopped(_wait_for_postgres(spec, engine, database_url), stop)
+            await _unless_stopped(subjects.provision(bus.js), stop)
+            ledger = SqlLedger.create(database_url, pool_size=spec.settings.database.pool_size)
+            resources.push_async_callback(ledger.close)
+        except _StopRequestedError:
+            log.info(
+                "stopped while starting",
+                extra={"service": spec.name, "event": "service.stopped", "outcome": "ok"},
+            )
+            return
+        cleanup = await resources.enter_async_context(AsyncExitStack())
+        ssl_context = server_ssl_context(spec.tls) if spec.tls else None
+        context = ServiceContext(
+            name=spec.name,
+            settings=spec.settings,
+            bus=bus,
+            ledger=ledger,
+            database_url=database_url,
+            stopping=asyncio.Event(),
+            cleanup=cleanup,
+            ssl_context=ssl_context,
+        )
+        components = await spec.compose(context)
+        checks: dict[str, ReadinessCheck] = {
+            "nats": lambda: check_nats(bus),
+            "postgres": lambda: check_postgres(engine),
+            **components.readiness,
+        }
+        app = build_app(spec.name, components.routers, checks)
+        config = uvicorn.Config(
+            app,
+            host=spec.bind_host,
+            port=spec.port,
+            log_config=None,
+            access_log=False,
+            lifespan="off",
+            ssl_context_factory=(lambda _config, _default: ssl_context) if ssl_context else None,
+        )
+        server = _Server(config)
+        await _run_until_stopped(spec, context, server, components, stop, started_at)
+
+
+async def _run_until_stopped(
+    spec: ServiceSpec[Any],
+    context: ServiceContext[Any],
+    server: _Server,
+    components: Components,
+    stop: asyncio.Event,
+    started_at: float,
+) -> None:
+    http = asyncio.create_task(_serve_http(server), name=f"{spec.name}-http")
+    tasks = {
+        asyncio.create_task(_guarded(name, task, context.stopping), name=f"{spec.name}-{name}"): name
+        for name, task in components.tasks.items()
+    }
+    stop_requested = asyncio.create_task(stop.wait())
+    listening = asyncio.create_task(server.listening.wait())
+    await asyncio.wait({http, listening, *tasks}, return_when=asyncio.FIRST_COMPLETED)
+    if listening.done():
+        log.info(
+            "service listening",
+            extra={
+                "service": spec.name,
+                "event": "service.listening",
+                "outcome": "ok",
+                "url": f"{'https' if spec.tls else 'http'}://{spec.bind_host}:{spec.port}",
+                "duration_ms": round((time.monotonic() - started_at) * 1000),
+            },
+        )
+        await asyncio.wait({http, stop_requested, *tasks}, return_when=asyncio.FIRST_COMPLETED)
+    listening.cancel()
+    failure = _first_failure(http, tasks, stop)
+    log.info(
+        "service stopping",
+        extra={"service": spec.name, "event": "service.stopping", "outcome": "error" if failure else "ok"},
+    )
+    server.should_exit = True
+    context.stopping.set()
+    pending = [task for task in (http, *tasks) if not task.done()]
+    _, stragglers = await asyncio.wait(pending, timeout=SHUTDOWN_TIMEOUT_S) if pending else (set(), set())
+    for straggler in stragglers:
+        log.warning(
+            "task did not stop in time; cancelled",
+            extra={"service": spec.name, "event": "service.task_cancelled", "task": straggler.get_name()},
+        )
+        straggler.cancel()
+    await asyncio.gather(*stragglers, return_exceptions=True)
+    stop_requested.cancel()
+    await context.cleanup.aclose()
+    log.info(
+        "service stopped",
+        extra={"service": spec.name, "event": "service.stopped", "outcome": "error" if failure else "ok"},
+    )
+    if failure is not None:
+        raise failure
+
+
+def _first_failure(
+    http: asyncio.Task[None], tasks: Mapping[asyncio.Task[None], str], stop: asyncio.Event
+) -> ServiceFailedError | None:
+    finished = [(http, "http server"), *((task, name) for task, name in tasks.items())]
+    for task, name in finished:
+        if not task.done():
+            continue
+        error = task.exception()
+        if isinstance(error, ServiceFailedError):
+            return error
+        if error is not None:
+            return ServiceFailedError(f"{name} failed: {_first_line(error)}")
+        if task is http and not stop.is_set():
+            return ServiceFailedError("http server stopped before the service was asked to stop")
+    return None
+
+
+async def _guarded(name: str, task: BackgroundTask, stopping: asyncio.Event) -> None:
+    try:
+        await task()
+    except Exception as error:
+        log.exception(
+            "background task failed", extra={"event": "service.task_failed", "task": name, "outcome": "error"}
+        )
+        raise ServiceFailedError(f"task {name} failed: {_first_line(error)}") from error
+    if not stopping.is_set():
+        raise ServiceFailedError(f"task {name} returned before the service was asked to stop")
+
+
+def run_service(spec: ServiceSpec[Any]) -> int:
+    """Process entry point: JSON logs, telemetry, `serve` until SIGTERM/SIGINT. Returns the exit code:
+    0 after a clean stop, 1 when the service could not start or failed while running."""
+    configure_logging(spec.name, spec.settings.log_level)
+    setup_telemetry(spec.name, spec.settings.otlp_endpoint)
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signal_number in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signal_number, stop.set)
+        await serve(spec, stop=stop)
+
+    try:
+        asyncio.run(main())
+    except StartupError as error:
+        log.error(
+            str(error), extra={"service": spec.name, "event": "service.start_failed", "outcome": "error"}
+        )
+        return 1
+    except ServiceFailedError as error:
+        log.error(str(error), extra={"service": spec.name, "event": "service.failed", "outcome": "error"})
+        return 1
+    return 0

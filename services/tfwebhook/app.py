@@ -1,0 +1,92 @@
+"""Composition root of the admission webhook service (HTTPS, `POST /mutate-v1-pod`).
+
+Only wiring lives here: `compose` plugs the admission router and its tasks into the shared runtime
+(`tfcommon.runtime`); admission decisions live in `tfwebhook.core`. The server always speaks HTTPS:
+with `TF_TLS_CERT_FILE` / `TF_TLS_KEY_FILE` when given, else with a self-signed pair generated once
+under `<state dir>/certs/`. Nothing is built at import time.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from tfcommon.config import ConfigError, ConfigSource
+from tfcommon.ledger.takeover import TakeoverGate, TakeoverLedger
+from tfcommon.runtime import (
+    BackgroundTask,
+    Components,
+    ServiceContext,
+    ServiceSpec,
+    StartupError,
+    run_service,
+)
+from tfcommon.settings import WebhookSettings
+from tfcommon.tls import TlsFiles, ensure_self_signed
+
+from tfwebhook.http import AdmissionService, CertificateReloader, build_router
+
+SERVICE = "webhook"
+DEFAULT_STATE_DIR = Path(".tf")
+
+
+def composer(tls: TlsFiles) -> Callable[[ServiceContext[WebhookSettings]], Awaitable[Components]]:
+    """The webhook's composition: admission route, takeover ledger, config and certificate reload."""
+
+    async def compose(context: ServiceContext[WebhookSettings]) -> Components:
+        try:
+            config = ConfigSource(context.settings.config_file)
+        except ConfigError as error:
+            raise StartupError(f"TF_CONFIG_FILE: {error}") from None
+        takeovers = TakeoverGate(
+            TakeoverLedger(context.ledger.engine),
+            full_ttl_s=config.current().webhook.takeover_full_cache_seconds,
+        )
+        service = AdmissionService(config=config, bus=context.bus, takeovers=takeovers)
+        context.cleanup.push_async_callback(service.drain)
+        tasks: dict[str, BackgroundTask] = {}
+        if context.ssl_context is not None:
+            reloader = CertificateReloader(context.ssl_context, tls.cert_file, tls.key_file)
+            tasks["certificate-reload"] = lambda: reloader.watch(context.stopping)
+        return Components(routers=[build_router(service)], tasks=tasks)
+
+    return compose
+
+
+def tls_files(settings: WebhookSettings, state_dir: Path) -> TlsFiles:
+    """The configured certificate pair, or a self-signed one under `state_dir/certs` when none is set."""
+    cert_file, key_file = settings.tls_cert_file, settings.tls_key_file
+    if cert_file is None and key_file is None:
+        return ensure_self_signed(state_dir / "certs")
+    if cert_file is None or key_file is None:
+        raise StartupError(
+            "TF_TLS_CERT_FILE and TF_TLS_KEY_FILE must be set together (or neither, for a self-signed pair)"
+        )
+    for variable, path in (("TF_TLS_CERT_FILE", cert_file), ("TF_TLS_KEY_FILE", key_file)):
+        if not path.is_file():
+            raise StartupError(
+                f"{variable}={path}: no such file; give a PEM file or unset both TLS variables"
+            )
+    return TlsFiles(cert_file=cert_file, key_file=key_file)
+
+
+def build(settings: WebhookSettings, state_dir: Path = DEFAULT_STATE_DIR) -> ServiceSpec[WebhookSettings]:
+    """The webhook service as the runtime runs it, over HTTPS."""
+    tls = tls_files(settings, state_dir)
+    return ServiceSpec(
+        name=SERVICE,
+        settings=settings,
+        port=settings.port,
+        compose=composer(tls),
+        tls=tls,
+    )
+
+
+def main() -> int:
+    try:
+        spec = build(WebhookSettings())
+    except StartupError as error:
+        sys.stderr.write(f"webhook: {error}\n")
+        return 2
+    return run_service(spec)

@@ -1,0 +1,180 @@
+"""Test 7: `tfctl up` end to end as a user runs it: every service ready, and nothing left behind.
+
+Each test starts its own stack (embedded NATS and Postgres in a temporary state dir, free ports) as a
+subprocess and stops it with a signal or a crash, then looks for survivors by process tree and by
+command line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import shutil
+import signal
+import ssl
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil  # type: ignore[import-untyped]
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+SERVICES = {"webhook", "scheduler", "defrag-planner", "metrics", "node-agent"}
+
+
+def stack_environment() -> dict[str, str]:
+    environment = {key: value for key, value in os.environ.items() if not key.startswith("TF_")}
+    environment["TF_POSTGRES_FSYNC"] = "off"
+    return environment
+
+
+def read_summary(process: subprocess.Popen[str], timeout_s: float) -> dict[str, Any]:
+    """The JSON line `tfctl up --json` prints once every service is ready."""
+    assert process.stdout is not None
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        readable, _, _ = select.select([process.stdout], [], [], deadline - time.monotonic())
+        if readable:
+            line = process.stdout.readline()
+            if line:
+                summary: dict[str, Any] = json.loads(line)
+                return summary
+            break
+    process.kill()
+    _, errors = process.communicate(timeout=30)
+    pytest.fail(f"tfctl up was not ready within {timeout_s}s (exit {process.returncode}):\n{errors}")
+
+
+def survivors(state_dir: Path, processes: list[psutil.Process]) -> list[str]:
+    alive = [
+        f"{p.pid} {' '.join(p.cmdline())}"
+        for p in processes
+        if p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    ]
+    for candidate in psutil.process_iter(["pid", "cmdline", "status"]):
+        cmdline = " ".join(candidate.info["cmdline"] or [])
+        if str(state_dir) in cmdline and candidate.info["status"] != psutil.STATUS_ZOMBIE:
+            alive.append(f"{candidate.info['pid']} {cmdline}")
+    return alive
+
+
+@pytest.fixture
+def state_dir() -> Iterator[Path]:
+    # Not under pytest's tmp_path: as root, Postgres runs as another user that must traverse the
+    # path, and concurrent pytest sessions reset /tmp/pytest-of-<user> to mode 0700.
+    folder = Path(tempfile.mkdtemp(prefix="tfpool-e2e-"))
+    try:
+        yield folder / "state"
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture
+def stack(state_dir: Path) -> Iterator[tuple[subprocess.Popen[str], dict[str, Any], Path]]:
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tfctl.main",
+            "up",
+            "--ports",
+            "auto",
+            "--json",
+            "--state-dir",
+            str(state_dir),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=stack_environment(),
+    )
+    try:
+        yield process, read_summary(process, timeout_s=60), state_dir
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGINT)
+            process.communicate(timeout=60)
+
+
+def test_up_serves_every_service_ready_and_sigint_leaves_no_process(
+    stack: tuple[subprocess.Popen[str], dict[str, Any], Path],
+) -> None:
+    process, summary, state_dir = stack
+    services = summary["services"]
+    assert {service["service"] for service in services} == SERVICES
+    assert len([s for s in services if s["service"] == "node-agent"]) == 2, "two simulated nodes by default"
+    trust = ssl.create_default_context(cafile=str(state_dir / "certs" / "tls.crt"))
+    with httpx.Client(verify=trust, timeout=5) as client:
+        for service in services:
+            response = client.get(f"{service['url']}/readyz")
+            assert response.status_code == 200, f"{service['name']}: {response.text}"
+            assert response.json()["status"] == "ready"
+    assert next(s for s in services if s["service"] == "webhook")["url"].startswith("https://")
+    tree = psutil.Process(process.pid).children(recursive=True)
+    commands = " ".join(" ".join(child.cmdline()) for child in tree)
+    assert "nats-server" in commands
+    assert "postgres" in commands
+
+    process.send_signal(signal.SIGINT)
+    _, errors = process.communicate(timeout=60)
+
+    assert process.returncode == 0, errors
+    assert survivors(state_dir, tree) == []
+
+
+def test_a_crashed_service_stops_the_stack_with_a_report_and_an_error_exit(
+    stack: tuple[subprocess.Popen[str], dict[str, Any], Path],
+) -> None:
+    process, summary, state_dir = stack
+    scheduler = next(s for s in summary["services"] if s["service"] == "scheduler")
+    tree = psutil.Process(process.pid).children(recursive=True)
+
+    os.kill(scheduler["pid"], signal.SIGKILL)
+    _, errors = process.communicate(timeout=60)
+
+    assert process.returncode == 1
+    assert f"scheduler (pid {scheduler['pid']}) exited with code -9" in errors
+    assert survivors(state_dir, tree) == []
+
+
+def test_up_rejects_an_unknown_fake_gpu_model_naming_it(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tfctl.main",
+            "up",
+            "--fake-gpus",
+            "H100:2,X9000:4",
+            "--state-dir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        env=stack_environment(),
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert "unknown GPU model 'X9000'" in result.stderr
+    assert "H100" in result.stderr
+
+
+def test_serve_without_nats_and_database_urls_names_both_variables() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "tfctl.main", "serve", "scheduler"],
+        capture_output=True,
+        text=True,
+        env=stack_environment(),
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert "TF_NATS_URL and TF_DATABASE_URL not set" in result.stderr
+    assert "Traceback" not in result.stderr
