@@ -1,1 +1,211 @@
-"""Event bus: publishes events to JetStream (NatsEventBus) or to memory (InMemoryEventBus)."""
+"""Event bus: publishes messages to JetStream (`NatsEventBus`) or to memory (`InMemoryEventBus`).
+
+Both implement the `EventBus` port and pass the same contract tests. Publishing returns only once the
+message is stored (JetStream PubAck); the event id is the `Nats-Msg-Id`, so a republish within the
+stream's duplicate window stores nothing new. Messages carry CloudEvents attributes and W3C trace
+context as headers. This module does not consume; see `tfcommon.consumer`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Protocol
+
+import nats
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+from nats.js.errors import NoStreamResponseError
+
+from tfcommon.events import Message, decode, encode
+from tfcommon.telemetry import inject_trace_context
+
+CLOUDEVENTS_SPEC_VERSION = "1.0"
+MSG_ID_HEADER = "Nats-Msg-Id"
+PUBLISH_TIMEOUT_S = 5.0
+STREAM_PREFIXES = ("tf.evt.", "tf.cmd.")
+
+
+class UnroutableSubjectError(RuntimeError):
+    """No stream stores the subject: the message would be lost, so publishing refuses it."""
+
+    def __init__(self, subject: str) -> None:
+        super().__init__(
+            f"no JetStream stream stores subject {subject!r}; subjects start with tf.evt. or tf.cmd. "
+            "and the streams must be provisioned first (tfcommon.subjects.provision)"
+        )
+
+
+class EventBus(Protocol):
+    """Where services publish messages. Both methods return once the message is durably stored.
+
+    Publishing a message whose event id was already published (within the duplicate window) is a
+    no-op, not an error: this is what makes republishing after a crash safe.
+    """
+
+    async def publish(self, event: Message) -> None:
+        """Publish `event` on its routing subject, with its event id as the message id."""
+        ...
+
+    async def publish_raw(
+        self,
+        subject: str,
+        payload: bytes,
+        *,
+        event_id: str,
+        event_type: str,
+        occurred_at: datetime,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        """Publish already-encoded bytes (the ledger outbox relay); `headers` are added to ours."""
+        ...
+
+
+def cloudevent_headers(
+    *, event_id: str, event_type: str, source: str, occurred_at: datetime
+) -> dict[str, str]:
+    """The CloudEvents binary-mode headers plus `Nats-Msg-Id` for one message."""
+    when = occurred_at if occurred_at.tzinfo is not None else occurred_at.replace(tzinfo=UTC)
+    return {
+        MSG_ID_HEADER: event_id,
+        "ce-specversion": CLOUDEVENTS_SPEC_VERSION,
+        "ce-id": event_id,
+        "ce-type": event_type,
+        "ce-source": source,
+        "ce-time": when.isoformat(),
+        "content-type": "application/json",
+    }
+
+
+def _headers_for(
+    service: str,
+    *,
+    event_id: str,
+    event_type: str,
+    occurred_at: datetime,
+    extra: Mapping[str, str] | None,
+) -> dict[str, str]:
+    headers = dict(extra or {})
+    headers.update(
+        cloudevent_headers(
+            event_id=event_id, event_type=event_type, source=f"/tfpool/{service}", occurred_at=occurred_at
+        )
+    )
+    inject_trace_context(headers)
+    return headers
+
+
+class NatsEventBus:
+    """`EventBus` on NATS JetStream. Build with `connect()`; `close()` drains the connection."""
+
+    def __init__(self, nc: Client, js: JetStreamContext, service: str) -> None:
+        self.nc = nc
+        self.js = js
+        self.service = service
+
+    @classmethod
+    async def connect(
+        cls,
+        url: str,
+        *,
+        service: str,
+        user: str | None = None,
+        password: str | None = None,
+    ) -> NatsEventBus:
+        """Connect to `url` as `service` (the connection name, the CloudEvents source)."""
+        nc = await nats.connect(
+            url,
+            name=f"tfpool-{service}",
+            user=user,
+            password=password,
+            max_reconnect_attempts=-1,
+            connect_timeout=5,
+        )
+        return cls(nc, nc.jetstream(timeout=PUBLISH_TIMEOUT_S), service)
+
+    async def publish(self, event: Message) -> None:
+        await self.publish_raw(
+            event.routing_subject(),
+            encode(event),
+            event_id=str(event.event_id),
+            event_type=event.event_type(),
+            occurred_at=event.occurred_at,
+        )
+
+    async def publish_raw(
+        self,
+        subject: str,
+        payload: bytes,
+        *,
+        event_id: str,
+        event_type: str,
+        occurred_at: datetime,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        all_headers = _headers_for(
+            self.service, event_id=event_id, event_type=event_type, occurred_at=occurred_at, extra=headers
+        )
+        try:
+            await self.js.publish(subject, payload, headers=all_headers, timeout=PUBLISH_TIMEOUT_S)
+        except NoStreamResponseError as error:
+            raise UnroutableSubjectError(subject) from error
+
+    async def close(self) -> None:
+        """Drain subscriptions and pending publishes, then close. Safe to call twice."""
+        if not self.nc.is_closed:
+            await self.nc.drain()
+
+
+@dataclass(frozen=True)
+class StoredMessage:
+    """A message as `InMemoryEventBus` stored it: subject, bytes and headers."""
+
+    subject: str
+    payload: bytes
+    headers: Mapping[str, str]
+
+    def decoded(self) -> Message:
+        return decode(self.subject, self.payload)
+
+
+class InMemoryEventBus:
+    """`EventBus` in memory for pure unit tests; drops a repeated event id as JetStream would."""
+
+    def __init__(self, service: str = "test") -> None:
+        self.service = service
+        self.stored: list[StoredMessage] = []
+        self._seen_ids: set[str] = set()
+
+    async def publish(self, event: Message) -> None:
+        await self.publish_raw(
+            event.routing_subject(),
+            encode(event),
+            event_id=str(event.event_id),
+            event_type=event.event_type(),
+            occurred_at=event.occurred_at,
+        )
+
+    async def publish_raw(
+        self,
+        subject: str,
+        payload: bytes,
+        *,
+        event_id: str,
+        event_type: str,
+        occurred_at: datetime,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        if not subject.startswith(STREAM_PREFIXES):
+            raise UnroutableSubjectError(subject)
+        if event_id in self._seen_ids:
+            return
+        self._seen_ids.add(event_id)
+        all_headers = _headers_for(
+            self.service, event_id=event_id, event_type=event_type, occurred_at=occurred_at, extra=headers
+        )
+        self.stored.append(StoredMessage(subject, payload, all_headers))
+
+    def messages(self) -> list[Message]:
+        """Every stored message, decoded, in publish order."""
+        return [stored.decoded() for stored in self.stored]

@@ -2,10 +2,271 @@
 
 Subjects are `tf.evt.<entity>.<past-tense-verb>` for facts and `tf.cmd.<service>.<verb>[.<node>]` for
 commands; streams `TF_EVENTS` and `TF_COMMANDS`; durable pull consumers `<service>-<handler>`.
-No other module spells a NATS name.
+Subject strings are declared once, on the message classes in `tfcommon.events`; this module names
+them for wiring and declares every stream and consumer. Nothing is created implicitly elsewhere.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Literal
+
+from nats.js import JetStreamContext
+from nats.js.api import (
+    AckPolicy,
+    ConsumerConfig,
+    DeliverPolicy,
+    RetentionPolicy,
+    StorageType,
+    StreamConfig,
+)
+from nats.js.errors import NotFoundError
+
+from tfcommon import events
+
 EVENTS_STREAM = "TF_EVENTS"
 COMMANDS_STREAM = "TF_COMMANDS"
+ALL_EVENTS = "tf.evt.>"
+ALL_COMMANDS = "tf.cmd.>"
+
+POD_ADMITTED = events.PodAdmitted.subject
+WORKLOAD_SUBMITTED = events.WorkloadSubmitted.subject
+WORKLOAD_UNSCHEDULABLE = events.WorkloadUnschedulable.subject
+ALLOCATION_CREATED = events.AllocationCreated.subject
+ALLOCATION_RELEASED = events.AllocationReleased.subject
+NODE_REGISTERED = events.NodeRegistered.subject
+NODE_HEARTBEAT_SENT = events.NodeHeartbeatSent.subject
+GPU_DISCOVERED = events.GpuDiscovered.subject
+GPU_DISAPPEARED = events.GpuDisappeared.subject
+GPU_USAGE_REPORTED = events.GpuUsageReported.subject
+GPU_DRIFT_DETECTED = events.DriftDetected.subject
+DEFRAG_CAMPAIGN_STARTED = events.DefragCampaignStarted.subject
+DEFRAG_CAMPAIGN_FINISHED = events.DefragCampaignFinished.subject
+NODE_DEFRAG_SKIPPED = events.DefragNodeSkipped.subject
+POD_EVICTED = events.PodEvicted.subject
+NODE_DRAINED = events.NodeDrained.subject
+START_WORKER = events.StartWorker.subject
+STOP_WORKER = events.StopWorker.subject
+DISCOVER_GPUS = events.DiscoverGpus.subject
+START_DEFRAG_CAMPAIGN = events.StartDefragCampaign.subject
+
+NODE_AGENT_COMMANDS_PREFIX = "tf.cmd.node-agent"
+
+
+def node_agent_commands(node: str) -> str:
+    """Filter subject of every command addressed to `node`'s agent."""
+    return f"{NODE_AGENT_COMMANDS_PREFIX}.*.{node}"
+
+
+@dataclass(frozen=True)
+class StreamSpec:
+    """A JetStream stream as this project declares it; `provision()` makes the server match it."""
+
+    name: str
+    subjects: tuple[str, ...]
+    retention: Literal["limits", "workqueue"]
+    description: str
+    duplicate_window_s: float = 120.0
+    max_age_s: float = 0.0
+    storage: Literal["file", "memory"] = "file"
+
+    def config(self) -> StreamConfig:
+        return StreamConfig(
+            name=self.name,
+            description=self.description,
+            subjects=list(self.subjects),
+            retention=RetentionPolicy(self.retention),
+            storage=StorageType(self.storage),
+            duplicate_window=self.duplicate_window_s,
+            max_age=self.max_age_s,
+        )
+
+
+@dataclass(frozen=True)
+class ConsumerSpec:
+    """A durable pull consumer `<service>-<handler>` with explicit acks.
+
+    `backoff_s[n]` is the delay before delivery n+2 (after a nak or an ack timeout); the last value
+    repeats. After `max_deliver` deliveries the message is given up (logged, never retried again).
+    With a backoff, JetStream uses `backoff_s[n-1]` as the ack wait of delivery n and ignores
+    `ack_wait_s`; a handler still working sends `in_progress()` within `effective_ack_wait_s`.
+    """
+
+    stream: str
+    durable: str
+    filter_subjects: tuple[str, ...]
+    description: str
+    ack_wait_s: float = 30.0
+    max_deliver: int = 5
+    backoff_s: tuple[float, ...] = (1.0, 5.0, 15.0, 30.0)
+    max_ack_pending: int = 1000
+    deliver_policy: Literal["all", "new"] = "all"
+    service: str = field(default="", compare=False)
+
+    def config(self) -> ConsumerConfig:
+        single = len(self.filter_subjects) == 1
+        return ConsumerConfig(
+            name=self.durable,
+            durable_name=self.durable,
+            description=self.description,
+            ack_policy=AckPolicy.EXPLICIT,
+            deliver_policy=DeliverPolicy(self.deliver_policy),
+            ack_wait=self.ack_wait_s,
+            max_deliver=self.max_deliver,
+            # JetStream requires max_deliver > len(backoff); beyond the list the last value repeats.
+            backoff=list(self.backoff_s[: self.max_deliver - 1]) or None,
+            filter_subject=self.filter_subjects[0] if single else None,
+            filter_subjects=None if single else list(self.filter_subjects),
+            max_ack_pending=self.max_ack_pending,
+        )
+
+    @property
+    def effective_ack_wait_s(self) -> float:
+        """The shortest time JetStream waits for an ack (or an in-progress signal) before redelivering."""
+        return min(self.backoff_s[: self.max_deliver - 1], default=self.ack_wait_s)
+
+    def redelivery_delay_s(self, num_delivered: int) -> float:
+        """How long to wait before redelivering a message that has been delivered `num_delivered` times."""
+        if not self.backoff_s:
+            return self.ack_wait_s
+        return self.backoff_s[min(max(num_delivered, 1), len(self.backoff_s)) - 1]
+
+
+EVENTS = StreamSpec(
+    name=EVENTS_STREAM,
+    subjects=(ALL_EVENTS,),
+    retention="limits",
+    description="Facts (past tense); any number of subscribers; kept 7 days",
+    max_age_s=7 * 24 * 3600.0,
+)
+COMMANDS = StreamSpec(
+    name=COMMANDS_STREAM,
+    subjects=(ALL_COMMANDS,),
+    retention="workqueue",
+    description="Commands for exactly one service; removed once acknowledged",
+)
+STREAMS: tuple[StreamSpec, ...] = (EVENTS, COMMANDS)
+
+SCHEDULER_SCHEDULE_WORKLOAD = ConsumerSpec(
+    stream=EVENTS_STREAM,
+    durable="scheduler-schedule-workload",
+    filter_subjects=(WORKLOAD_SUBMITTED,),
+    description="places each submitted workload",
+    service="scheduler",
+)
+SCHEDULER_TRACK_NODES = ConsumerSpec(
+    stream=EVENTS_STREAM,
+    durable="scheduler-track-nodes",
+    filter_subjects=(NODE_REGISTERED, NODE_HEARTBEAT_SENT, GPU_DISCOVERED, GPU_DISAPPEARED),
+    description="keeps nodes, GPUs and heartbeats in the ledger and the scheduler's view",
+    max_deliver=3,
+    backoff_s=(1.0, 5.0),
+    service="scheduler",
+)
+METRICS_RECORD_USAGE = ConsumerSpec(
+    stream=EVENTS_STREAM,
+    durable="metrics-record-usage",
+    filter_subjects=(GPU_USAGE_REPORTED,),
+    description="turns agents' usage samples into series and percentiles",
+    max_deliver=3,
+    backoff_s=(1.0, 5.0),
+    service="metrics",
+)
+METRICS_COUNT_EVENTS = ConsumerSpec(
+    stream=EVENTS_STREAM,
+    durable="metrics-count-events",
+    filter_subjects=(
+        ALLOCATION_CREATED,
+        ALLOCATION_RELEASED,
+        WORKLOAD_UNSCHEDULABLE,
+        POD_EVICTED,
+        GPU_DRIFT_DETECTED,
+    ),
+    description="system counters: allocations, unschedulable, evictions, drift",
+    service="metrics",
+)
+DEFRAG_TRACK_ALLOCATIONS = ConsumerSpec(
+    stream=EVENTS_STREAM,
+    durable="defrag-planner-track-allocations",
+    filter_subjects=(ALLOCATION_CREATED, ALLOCATION_RELEASED, WORKLOAD_UNSCHEDULABLE),
+    description="follows placements of evicted workloads' replacements during a campaign",
+    service="defrag-planner",
+)
+DEFRAG_START_CAMPAIGN = ConsumerSpec(
+    stream=COMMANDS_STREAM,
+    durable="defrag-planner-start-campaign",
+    filter_subjects=(START_DEFRAG_CAMPAIGN,),
+    description="starts a campaign on request",
+    ack_wait_s=60.0,
+    max_deliver=2,
+    backoff_s=(10.0,),
+    service="defrag-planner",
+)
+CONSUMERS: tuple[ConsumerSpec, ...] = (
+    SCHEDULER_SCHEDULE_WORKLOAD,
+    SCHEDULER_TRACK_NODES,
+    METRICS_RECORD_USAGE,
+    METRICS_COUNT_EVENTS,
+    DEFRAG_TRACK_ALLOCATIONS,
+    DEFRAG_START_CAMPAIGN,
+)
+"""Consumers `provision()` creates; per-node ones come from the functions below."""
+
+
+def _node_token(node: str) -> str:
+    # Consumer names may not contain dots; node names (RFC 1123 subdomains) may.
+    return node.replace(".", "_")
+
+
+def node_agent_run_commands(node: str) -> ConsumerSpec:
+    """The durable consumer through which `node`'s agent receives its commands."""
+    return ConsumerSpec(
+        stream=COMMANDS_STREAM,
+        durable=f"node-agent-run-commands-{_node_token(node)}",
+        filter_subjects=(node_agent_commands(node),),
+        description=f"commands for the agent of node {node}",
+        service="node-agent",
+    )
+
+
+def node_agent_track_allocations(node: str) -> ConsumerSpec:
+    """The durable consumer through which `node`'s agent follows allocations (it filters by node)."""
+    return ConsumerSpec(
+        stream=EVENTS_STREAM,
+        durable=f"node-agent-track-allocations-{_node_token(node)}",
+        filter_subjects=(ALLOCATION_CREATED, ALLOCATION_RELEASED),
+        description=f"allocations seen by the agent of node {node}",
+        service="node-agent",
+    )
+
+
+PER_NODE_CONSUMERS = (node_agent_run_commands, node_agent_track_allocations)
+"""Factories of the consumers each node-agent provisions for its own node."""
+
+
+async def provision_stream(js: JetStreamContext, spec: StreamSpec) -> None:
+    """Create the stream, or update it to match `spec` (safe to run any number of times)."""
+    try:
+        await js.update_stream(spec.config())
+    except NotFoundError:
+        await js.add_stream(spec.config())
+
+
+async def provision_consumer(js: JetStreamContext, spec: ConsumerSpec) -> None:
+    """Create the durable consumer, or update it to match `spec` (safe to run any number of times)."""
+    # CONSUMER.CREATE with no action creates, or updates when the configuration changed.
+    await js.add_consumer(spec.stream, spec.config())
+
+
+async def provision(
+    js: JetStreamContext,
+    *,
+    streams: Iterable[StreamSpec] = STREAMS,
+    consumers: Iterable[ConsumerSpec] = CONSUMERS,
+) -> None:
+    """Create or update every stream, then every durable consumer; idempotent, applies changed config."""
+    for stream in streams:
+        await provision_stream(js, stream)
+    for consumer in consumers:
+        await provision_consumer(js, consumer)

@@ -1,0 +1,148 @@
+"""`tfctl events doc [--check]` writes the event catalogue; `tfctl events tail` prints the bus live.
+
+`doc` renders `docs/events.md` from `tfcommon.events` (no network). `tail` reads `TF_EVENTS` through an
+ordered consumer starting at new messages (it consumes nothing: services' durable consumers are not
+affected); command subjects (`tf.cmd.*`) are watched with a plain subscription, since a work queue
+admits only its own consumers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import TextIO
+
+REPOSITORY_ROOT = Path(__file__).resolve().parents[3]
+DEFAULT_CATALOGUE = REPOSITORY_ROOT / "docs" / "events.md"
+USAGE_ERROR = 2
+STALE = 1
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser("events", help="the event catalogue and a live view of the bus")
+    verbs = parser.add_subparsers(dest="events_command", required=True, metavar="VERB")
+
+    doc = verbs.add_parser("doc", help="write docs/events.md from tfcommon/events.py")
+    doc.add_argument("--output", type=Path, default=DEFAULT_CATALOGUE, help="where to write (docs/events.md)")
+    doc.add_argument("--check", action="store_true", help="write nothing; exit 1 if the file is stale")
+    doc.set_defaults(handler=handle_doc)
+
+    tail = verbs.add_parser("tail", help="print every message published on the bus, as it happens")
+    tail.add_argument("--subject", default="tf.evt.>", help="subject pattern, e.g. 'tf.evt.allocation.*'")
+    tail.add_argument(
+        "--json", action="store_true", help="one JSON object per line (subject, headers, payload)"
+    )
+    tail.add_argument("--count", type=int, default=None, help="exit after this many messages")
+    tail.add_argument("--nats-url", default=None, help="NATS URL (default: TF_NATS_URL)")
+    tail.set_defaults(handler=handle_tail)
+
+
+def handle_doc(args: argparse.Namespace) -> int:
+    from tfcommon.catalogue import render_catalogue
+
+    expected = render_catalogue()
+    output: Path = args.output
+    if args.check:
+        current = output.read_text(encoding="utf-8") if output.exists() else ""
+        if current != expected:
+            print(f"{output} is stale: run `tfctl events doc` and commit the result", file=sys.stderr)
+            return STALE
+        print(f"{output} is up to date")
+        return 0
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(expected, encoding="utf-8")
+    print(f"wrote {output}")
+    return 0
+
+
+def handle_tail(args: argparse.Namespace) -> int:
+    from tfcommon.settings import NatsSettings
+
+    settings = NatsSettings()
+    url = args.nats_url or settings.url
+    if not url:
+        print(
+            "no NATS URL: set TF_NATS_URL or pass --nats-url nats://HOST:4222 "
+            "(tfctl up prints the URL of the NATS it starts)",
+            file=sys.stderr,
+        )
+        return USAGE_ERROR
+    if not args.subject.startswith(("tf.evt.", "tf.cmd.")):
+        print(f"--subject {args.subject!r} must start with tf.evt. or tf.cmd.", file=sys.stderr)
+        return USAGE_ERROR
+    password = settings.password.get_secret_value() if settings.password else None
+    try:
+        asyncio.run(
+            tail(
+                url,
+                pattern=args.subject,
+                as_json=args.json,
+                count=args.count,
+                out=sys.stdout,
+                user=settings.user,
+                password=password,
+            )
+        )
+    except KeyboardInterrupt:
+        return 0
+    return 0
+
+
+def format_line(subject: str, headers: dict[str, str], payload: bytes, *, as_json: bool) -> str:
+    """One printed line for one message."""
+    try:
+        body: object = json.loads(payload)
+    except ValueError:
+        body = payload.decode(errors="replace")
+    if as_json:
+        return json.dumps({"subject": subject, "headers": headers, "payload": body}, sort_keys=True)
+    details = dict(body) if isinstance(body, dict) else {"payload": body}
+    event_id = details.pop("event_id", headers.get("ce-id", "-"))
+    occurred_at = details.pop("occurred_at", headers.get("ce-time", "-"))
+    return f"{occurred_at}  {subject}  {event_id}  {json.dumps(details, separators=(',', ':'))}"
+
+
+async def tail(
+    url: str,
+    *,
+    pattern: str,
+    as_json: bool,
+    count: int | None,
+    out: TextIO,
+    user: str | None = None,
+    password: str | None = None,
+    subscribed: asyncio.Event | None = None,
+) -> None:
+    """Print messages matching `pattern` as they are published, until `count` (or forever)."""
+    import nats
+    from nats.aio.subscription import Subscription
+    from nats.js.api import DeliverPolicy
+    from tfcommon.subjects import EVENTS_STREAM
+
+    nc = await nats.connect(url, name="tfctl-events-tail", user=user, password=password)
+    subscription: Subscription
+    try:
+        if pattern.startswith("tf.evt."):
+            js = nc.jetstream()
+            subscription = await js.subscribe(
+                pattern, stream=EVENTS_STREAM, ordered_consumer=True, deliver_policy=DeliverPolicy.NEW
+            )
+        else:
+            subscription = await nc.subscribe(pattern)
+        await nc.flush()
+        if subscribed is not None:
+            subscribed.set()
+        printed = 0
+        while count is None or printed < count:
+            try:
+                msg = await subscription.next_msg(timeout=1.0)
+            except nats.errors.TimeoutError:
+                continue
+            print(format_line(msg.subject, dict(msg.headers or {}), msg.data, as_json=as_json), file=out)
+            out.flush()
+            printed += 1
+    finally:
+        await nc.drain()
