@@ -1,0 +1,48 @@
+"""The Kubernetes permissions `KubernetesCluster` needs, as data, per consumer of the port.
+
+The deploy manifests (`k8s/`) must grant exactly these rules to each service account; a test compares the
+two. Pure data; when the adapter starts calling a new verb or resource, add it here and in
+`docs/kubernetes.md`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tfcommon.cluster.model import CUSTOM_RESOURCE_GROUP
+
+
+@dataclass(frozen=True)
+class PolicyRule:
+    """One RBAC rule: `api_group` "" is the core group; resources may name a subresource (`pods/binding`)."""
+
+    api_group: str
+    resources: tuple[str, ...]
+    verbs: tuple[str, ...]
+
+
+_CUSTOM_RESOURCES = ("gpus", "gpunodes", "gpupools", "gpuresourcequotas")
+_CUSTOM_STATUS = tuple(f"{plural}/status" for plural in _CUSTOM_RESOURCES)
+
+REQUIRED_RBAC: dict[str, list[PolicyRule]] = {
+    "scheduler": [
+        PolicyRule("", ("pods",), ("get", "list", "watch", "patch")),
+        PolicyRule("", ("pods/binding",), ("create",)),
+        PolicyRule("", ("pods/eviction",), ("create",)),
+        PolicyRule("", ("pods/status",), ("patch",)),
+        PolicyRule("", ("events",), ("create",)),
+        PolicyRule("", ("nodes",), ("get", "list")),
+        PolicyRule("policy", ("poddisruptionbudgets",), ("get", "list")),
+        PolicyRule(CUSTOM_RESOURCE_GROUP, _CUSTOM_RESOURCES, ("get", "list")),
+        PolicyRule(CUSTOM_RESOURCE_GROUP, _CUSTOM_STATUS, ("patch",)),
+    ],
+    "defrag-planner": [
+        PolicyRule("", ("pods",), ("get", "list", "patch")),
+        PolicyRule("", ("pods/eviction",), ("create",)),
+        PolicyRule("", ("nodes",), ("get", "list", "patch")),
+        PolicyRule("policy", ("poddisruptionbudgets",), ("get", "list")),
+        PolicyRule(CUSTOM_RESOURCE_GROUP, ("gpus", "gpunodes", "gpupools"), ("get", "list")),
+        PolicyRule(CUSTOM_RESOURCE_GROUP, ("gpupools/status",), ("patch",)),
+    ],
+}
+"""Rules per service account. `get` covers the `get_*` methods, `list` the `list_*` ones."""
