@@ -7,11 +7,21 @@ Only wiring lives here: `compose` plugs routers, consumers and tasks into the sh
 from __future__ import annotations
 
 import socket
+from pathlib import Path
 
 from tfcommon import subjects
+from tfcommon.cluster.kubernetes import KubernetesCluster
+from tfcommon.cluster.model import Pod
 from tfcommon.consumer import run_pull_consumer
 from tfcommon.gpu_models import GpuModelSpec
-from tfcommon.runtime import Components, ServiceContext, ServiceSpec, StartupError, run_service
+from tfcommon.runtime import (
+    BackgroundTask,
+    Components,
+    ServiceContext,
+    ServiceSpec,
+    StartupError,
+    run_service,
+)
 from tfcommon.settings import AgentSettings
 
 from tfagent.adapters.nvml import NvmlGpuProbe, NvmlUnavailableError, load_pynvml
@@ -19,7 +29,9 @@ from tfagent.adapters.process_owners import HostProcessOwners
 from tfagent.adapters.simulated import FakeGpuSpecError, SimulatedGpuProbe, parse_fake_gpus
 from tfagent.agent import AgentTimers, NodeAgent
 from tfagent.api import build_router
+from tfagent.core.deviceplugin import LimiterLibrary
 from tfagent.core.inventory import ModelCatalog
+from tfagent.deviceplugin.server import DevicePlugins, serve_device_plugins
 from tfagent.ports import GpuProbe, ProcessOwners
 
 SERVICE = "node-agent"
@@ -88,10 +100,30 @@ async def compose(context: ServiceContext[AgentSettings]) -> Components:
             stop=context.stopping,
         )
 
-    return Components(
-        routers=[build_router(agent, settings.api_token)],
-        tasks={"agent": run_agent, "track-allocations": track_allocations},
-    )
+    tasks: dict[str, BackgroundTask] = {"agent": run_agent, "track-allocations": track_allocations}
+    if settings.device_plugin_dir is not None:
+        tasks["device-plugins"] = device_plugin_task(context, node, agent, settings.device_plugin_dir)
+    return Components(routers=[build_router(agent, settings.api_token)], tasks=tasks)
+
+
+def device_plugin_task(
+    context: ServiceContext[AgentSettings], node: str, agent: NodeAgent, plugin_dir: Path
+) -> BackgroundTask:
+    """The kubelet device plugins, answering `Allocate` from this node's pods in the Kubernetes API."""
+    settings = context.settings
+    cluster = KubernetesCluster.from_environment()
+    context.cleanup.callback(cluster.close)
+
+    def gpu_capacity_milli() -> dict[str, int]:
+        inventory = agent.inventory
+        return {} if inventory is None else {gpu.uuid: gpu.tflops_milli for gpu in inventory.gpus}
+
+    async def pods_on_node() -> list[Pod]:
+        return await cluster.list_pods(node_name=node)
+
+    limiter = None if settings.limiter_library is None else LimiterLibrary(host_path=settings.limiter_library)
+    plugins = DevicePlugins(plugin_dir, pods_on_node, gpu_capacity_milli, limiter)
+    return lambda: serve_device_plugins(plugins, context.stopping)
 
 
 def build(settings: AgentSettings) -> ServiceSpec[AgentSettings]:

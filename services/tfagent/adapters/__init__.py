@@ -1,0 +1,1 @@
+"""Adapters of the agent's ports: NVML, simulated GPUs and process attribution."""

@@ -1,0 +1,206 @@
+"""The hypervisor API on :8001 (TensorFusion-compatible paths and `{"data": ...}` / `{"error": ...}` bodies).
+
+Reads come from the `NodeAgent`'s live state. Mutating endpoints (discover, snapshot, resume) require
+`Authorization: Bearer <TF_API_TOKEN>`, compared in constant time; TensorFusion's own API has no auth.
+Snapshot and resume answer 501 with how to move the workload instead unless a checkpoint backend exists.
+"""
+
+from __future__ import annotations
+
+import hmac
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Header
+from fastapi.responses import JSONResponse
+from pydantic import SecretStr
+
+from tfagent.agent import NodeAgent
+from tfagent.core.inventory import GpuDevice
+from tfagent.core.usage import WorkerAllocation
+from tfagent.ports import CheckpointBackend
+
+SNAPSHOT_UNAVAILABLE = "GPU context snapshot is not available on this node"
+HOW_TO_MOVE_A_WORKLOAD = (
+    "Restart the workload elsewhere: cordon the node and delete the pod (its controller recreates it on "
+    "another node), or let node compaction and defragmentation move it; the process restarts and reloads.",
+    "Add a PodDisruptionBudget and run at least two replicas behind a Service, so a restart does not "
+    "interrupt it (defragmentation skips workloads without a PodDisruptionBudget).",
+    "Keep a node out of automatic moves with "
+    "`kubectl label gpunode <node> tensor-fusion.ai/do-not-disrupt=true`.",
+)
+
+AuthorizationHeader = Annotated[str | None, Header()]
+
+
+def _error(status: int, message: str, **extra: Any) -> JSONResponse:
+    return JSONResponse({"error": message, **extra}, status_code=status)
+
+
+def device_json(gpu: GpuDevice) -> dict[str, Any]:
+    return {
+        "uuid": gpu.uuid,
+        "index": gpu.index,
+        "vendor": "nvidia",
+        "model": gpu.model,
+        "product_name": gpu.product_name,
+        "capacity": {"tflops_milli": gpu.tflops_milli, "vram_bytes": gpu.vram_bytes},
+        "capacity_source": gpu.capacity_source,
+        "pci_bus_id": gpu.pci_bus_id,
+        "numa_node": gpu.numa_node,
+        "nvlink_peers": list(gpu.nvlink_peers),
+        "mig_enabled": gpu.mig_enabled,
+        "phase": gpu.phase.value,
+        "missing_since": None if gpu.missing_since is None else gpu.missing_since.isoformat(),
+        "simulated": gpu.simulated,
+    }
+
+
+def worker_json(allocation: WorkerAllocation) -> dict[str, Any]:
+    return {
+        "worker_uid": str(allocation.allocation_id),
+        "worker": allocation.worker,
+        "namespace": allocation.workload.namespace,
+        "workload": allocation.workload.workload or allocation.workload.name,
+        "pod_uid": allocation.workload.uid,
+        "pool": allocation.pool,
+        "qos": allocation.qos,
+        "isolation": allocation.isolation,
+        "devices": list(allocation.gpu_uuids),
+        "shares": [
+            {
+                "gpu_uuid": share.gpu_uuid,
+                "tflops_milli": share.tflops_milli,
+                "vram_bytes": share.vram_bytes,
+                "vram_limit_bytes": share.effective_vram_limit_bytes,
+            }
+            for share in allocation.shares
+        ],
+    }
+
+
+def build_router(
+    agent: NodeAgent, api_token: SecretStr | None, checkpoint: CheckpointBackend | None = None
+) -> APIRouter:
+    """The hypervisor API routes over `agent`; `api_token` unset means mutating endpoints are refused."""
+    router = APIRouter(prefix="/api/v1", tags=["hypervisor"])
+
+    def unauthorised(authorization: str | None) -> JSONResponse | None:
+        if api_token is None:
+            return _error(
+                401,
+                "mutating endpoints are disabled: set TF_API_TOKEN on the agent and send it as a "
+                "bearer token",
+            )
+        scheme, _, presented = (authorization or "").partition(" ")
+        expected = api_token.get_secret_value().encode()
+        if scheme.lower() != "bearer" or not hmac.compare_digest(presented.strip().encode(), expected):
+            response = _error(
+                401, "missing or wrong bearer token: send `Authorization: Bearer <TF_API_TOKEN>`"
+            )
+            response.headers["WWW-Authenticate"] = "Bearer"
+            return response
+        return None
+
+    def node_json() -> dict[str, Any]:
+        inventory = agent.inventory
+        return {
+            "name": agent.node,
+            "pool": agent.pool,
+            "driver_version": None if inventory is None else inventory.driver_version,
+            "cuda_version": None if inventory is None else inventory.cuda_version,
+            "simulated": None if inventory is None else inventory.simulated,
+            "warnings": [] if inventory is None else list(inventory.warnings),
+            "checkpoint_backend": None if checkpoint is None else checkpoint.name,
+        }
+
+    def devices() -> list[dict[str, Any]]:
+        return [] if agent.inventory is None else [device_json(gpu) for gpu in agent.inventory.gpus]
+
+    @router.get("/devices")
+    async def list_devices() -> dict[str, Any]:
+        return {"data": devices(), "node": node_json()}
+
+    @router.get("/devices/{uuid}", response_model=None)
+    async def get_device(uuid: str) -> dict[str, Any] | JSONResponse:
+        gpu = None if agent.inventory is None else agent.inventory.gpu(uuid)
+        if gpu is None:
+            return _error(
+                404, f"no GPU {uuid.lower()!r} on node {agent.node}; GET /api/v1/devices lists them"
+            )
+        return {"data": device_json(gpu)}
+
+    @router.post("/devices/discover", response_model=None)
+    async def discover(authorization: AuthorizationHeader = None) -> dict[str, Any] | JSONResponse:
+        if (refusal := unauthorised(authorization)) is not None:
+            return refusal
+        change = await agent.rediscover()
+        return {
+            "data": devices(),
+            "appeared": [gpu.uuid for gpu in change.appeared],
+            "went_missing": [gpu.uuid for gpu in change.went_missing],
+            "removed": [gpu.uuid for gpu in change.removed],
+        }
+
+    @router.get("/workers")
+    async def list_workers() -> dict[str, Any]:
+        return {"data": [worker_json(allocation) for allocation in agent.allocations()]}
+
+    @router.get("/workers/{worker_id}", response_model=None)
+    async def get_worker(worker_id: str) -> dict[str, Any] | JSONResponse:
+        allocation = agent.allocation(worker_id)
+        if allocation is None:
+            return _unknown_worker(worker_id, agent.node)
+        metrics: dict[str, dict[str, dict[str, Any]]] = {uuid: {} for uuid in allocation.gpu_uuids}
+        sampled = agent.last_sampled
+        if sampled is not None:
+            for process in sampled.sample.processes:
+                if sampled.owners.get(process.pid) == allocation.allocation_id:
+                    metrics.setdefault(process.gpu_uuid, {})[str(process.pid)] = {
+                        "memory_bytes": process.memory_used_bytes,
+                        "compute_percentage": process.compute_percent,
+                    }
+        return {
+            "data": {
+                "worker_uid": str(allocation.allocation_id),
+                "allocation": worker_json(allocation),
+                "metrics": metrics,
+                "sampled_at": None if sampled is None else sampled.at.isoformat(),
+            }
+        }
+
+    async def checkpoint_action(
+        worker_id: str, authorization: str | None, action: str
+    ) -> dict[str, Any] | JSONResponse:
+        if (refusal := unauthorised(authorization)) is not None:
+            return refusal
+        allocation = agent.allocation(worker_id)
+        if allocation is None:
+            return _unknown_worker(worker_id, agent.node)
+        if checkpoint is None:
+            return _error(
+                501,
+                SNAPSHOT_UNAVAILABLE,
+                worker_uid=str(allocation.allocation_id),
+                action=action,
+                how_to_move_the_workload=list(HOW_TO_MOVE_A_WORKLOAD),
+            )
+        run = checkpoint.snapshot if action == "snapshot" else checkpoint.resume
+        return {"data": dict(await run(allocation))}
+
+    @router.post("/workers/{worker_id}/snapshot", response_model=None)
+    async def snapshot(
+        worker_id: str, authorization: AuthorizationHeader = None
+    ) -> dict[str, Any] | JSONResponse:
+        return await checkpoint_action(worker_id, authorization, "snapshot")
+
+    @router.post("/workers/{worker_id}/resume", response_model=None)
+    async def resume(
+        worker_id: str, authorization: AuthorizationHeader = None
+    ) -> dict[str, Any] | JSONResponse:
+        return await checkpoint_action(worker_id, authorization, "resume")
+
+    return router
+
+
+def _unknown_worker(worker_id: str, node: str) -> JSONResponse:
+    return _error(404, f"no worker {worker_id!r} on node {node}; GET /api/v1/workers lists them")

@@ -1,0 +1,55 @@
+"""The agent's ports: what discovery, sampling and process attribution must provide.
+
+Adapters (`tfagent.adapters.nvml`, `tfagent.adapters.simulated`) implement these; the agent shell and the
+API depend only on them. One contract suite (`tests/unit/agent/test_probe_contract.py`) holds both
+adapters to the same behaviour.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Protocol
+from uuid import UUID
+
+from tfagent.core.inventory import NodeInventory
+from tfagent.core.usage import ProcessSample, UsageSample, WorkerAllocation
+
+
+class GpuProbe(Protocol):
+    """Reads a node's GPUs.
+
+    `discover()` returns every GPU present now (lower-case UUIDs, capacity from the model table) and may be
+    called again at any time (rediscovery). `sample()` returns one round of counters for the GPUs of the
+    last discovery. `close()` releases the driver; it is idempotent.
+    """
+
+    def discover(self) -> NodeInventory: ...
+
+    def sample(self) -> UsageSample: ...
+
+    def close(self) -> None: ...
+
+
+class ProcessOwners(Protocol):
+    """Says which allocation started each GPU process (cgroup in Kubernetes, the run registry locally).
+
+    Returns pid -> allocation id for the pids it can attribute; unknown pids are left out.
+    """
+
+    def owners(
+        self, processes: Sequence[ProcessSample], allocations: Sequence[WorkerAllocation]
+    ) -> Mapping[int, UUID]: ...
+
+
+class CheckpointBackend(Protocol):
+    """Suspends a worker's GPU context to host memory (`snapshot`) and restores it (`resume`).
+
+    Present only where the node can do it (e.g. the CUDA driver's process checkpoint API); without one the
+    hypervisor API answers 501 with how to move the workload instead. Both return a JSON-able summary.
+    """
+
+    name: str
+
+    async def snapshot(self, allocation: WorkerAllocation) -> Mapping[str, object]: ...
+
+    async def resume(self, allocation: WorkerAllocation) -> Mapping[str, object]: ...
