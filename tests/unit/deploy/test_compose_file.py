@@ -1,0 +1,175 @@
+"""docker-compose.yml and docker-compose.gpu.yml: valid Compose files that match the code they run."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+from deploy_support import (
+    ONE_SHOT_SETTINGS,
+    REPO_ROOT,
+    SERVICE_SETTINGS,
+    ComposeReset,
+    load_documents,
+    settings_env_names,
+    tfctl_rejection,
+    without_resets,
+)
+
+COMPOSE_FILE = REPO_ROOT / "docker-compose.yml"
+GPU_OVERRIDE_FILE = REPO_ROOT / "docker-compose.gpu.yml"
+NATS_CONFIG = REPO_ROOT / "deploy" / "nats" / "nats.conf"
+TFPOOL_STEPS = {**SERVICE_SETTINGS, **ONE_SHOT_SETTINGS}
+
+
+def compose(path: Path = COMPOSE_FILE) -> dict[str, Any]:
+    (document,) = load_documents(path)
+    return document
+
+
+def compose_schema_validator() -> jsonschema.Draft202012Validator:
+    schema = json.loads((REPO_ROOT / "tests/unit/deploy/schemas/compose-spec.json").read_text())
+    return jsonschema.Draft202012Validator(schema)
+
+
+def environment(service: dict[str, Any]) -> dict[str, Any]:
+    env = service.get("environment", {})
+    assert isinstance(env, dict), "write environment as a mapping so overrides merge by name"
+    return env
+
+
+@pytest.mark.parametrize("path", [COMPOSE_FILE, GPU_OVERRIDE_FILE], ids=lambda p: p.name)
+def test_file_follows_the_compose_specification(path: Path) -> None:
+    errors = [
+        f"{'/'.join(map(str, error.absolute_path))}: {error.message}"
+        for error in compose_schema_validator().iter_errors(without_resets(compose(path)))
+    ]
+    assert errors == []
+
+
+def test_schema_check_catches_a_misspelt_key() -> None:
+    broken = compose()
+    broken["services"]["scheduler"]["depends_onn"] = broken["services"]["scheduler"].pop("depends_on")
+    assert not compose_schema_validator().is_valid(without_resets(broken))
+
+
+def test_runs_the_five_services_and_the_migrate_step_from_one_image() -> None:
+    services = compose()["services"]
+    assert set(TFPOOL_STEPS) <= set(services)
+    images = {services[name]["image"] for name in TFPOOL_STEPS}
+    assert len(images) == 1
+    assert all(services[name]["build"]["context"] == "." for name in TFPOOL_STEPS)
+
+
+@pytest.mark.parametrize("name", sorted(TFPOOL_STEPS))
+def test_command_is_a_real_tfctl_subcommand(name: str) -> None:
+    command = compose()["services"][name]["command"]
+    expected = ["migrate"] if name == "migrate" else ["serve", name]
+    assert command == expected
+    assert tfctl_rejection(command) is None
+
+
+@pytest.mark.parametrize("name", sorted(SERVICE_SETTINGS))
+def test_published_port_is_the_service_default(name: str) -> None:
+    default_port = SERVICE_SETTINGS[name].model_fields["port"].default
+    (mapping,) = compose()["services"][name]["ports"]
+    host_port, container_port = str(mapping).split(":")
+    assert int(container_port) == default_port
+    assert int(host_port) == default_port
+    assert str(default_port) in json.dumps(compose()["services"][name]["healthcheck"]["test"])
+
+
+@pytest.mark.parametrize("name", sorted(TFPOOL_STEPS))
+def test_every_tf_variable_is_a_setting_of_that_service(name: str) -> None:
+    known = settings_env_names(TFPOOL_STEPS[name])
+    used = {key for key in environment(compose()["services"][name]) if key.startswith("TF_")}
+    assert used, f"{name} sets no TF_ variable"
+    assert used - known == set(), f"not in {TFPOOL_STEPS[name].__name__}: {sorted(used - known)}"
+
+
+def test_settings_walk_knows_nested_and_service_specific_variables() -> None:
+    agent = settings_env_names(SERVICE_SETTINGS["node-agent"])
+    assert {"TF_NATS_URL", "TF_NATS__URL", "TF_DATABASE_URL", "TF_FAKE_GPUS", "TF_PORT"} <= agent
+    assert "TF_FAKE_GPUS" not in settings_env_names(SERVICE_SETTINGS["scheduler"])
+
+
+@pytest.mark.parametrize("name", sorted(SERVICE_SETTINGS))
+def test_service_waits_for_healthy_infrastructure_and_a_finished_migration(name: str) -> None:
+    service = compose()["services"][name]
+    assert service["depends_on"] == {
+        "nats": {"condition": "service_healthy"},
+        "postgres": {"condition": "service_healthy"},
+        "migrate": {"condition": "service_completed_successfully"},
+    }
+    assert service["healthcheck"]["test"][0] == "CMD"
+
+
+def test_migrate_runs_once_as_the_schema_owner_after_postgres_is_healthy() -> None:
+    services = compose()["services"]
+    migrate = services["migrate"]
+    assert migrate["restart"] == "no"
+    assert migrate["depends_on"] == {"postgres": {"condition": "service_healthy"}}
+    assert "tfpool_migrate:" in environment(migrate)["TF_DATABASE_URL"]
+    for name in SERVICE_SETTINGS:
+        assert "tfpool_app:" in environment(services[name])["TF_DATABASE_URL"], name
+
+
+def test_nats_runs_jetstream_from_the_shared_config_with_a_volume_and_health_check() -> None:
+    nats = compose()["services"]["nats"]
+    assert nats["command"] == ["--config", "/etc/nats/nats.conf", "--store_dir", "/data/jetstream"]
+    sources = {volume["source"]: volume["target"] for volume in nats["volumes"]}
+    assert sources["./deploy/nats/nats.conf"] == "/etc/nats/nats.conf"
+    assert sources["nats-data"] == "/data"
+    assert "js-enabled-only=true" in " ".join(nats["healthcheck"]["test"])
+    assert "nats-data" in compose()["volumes"]
+
+
+def test_postgres_keeps_its_data_in_a_volume_and_creates_the_two_roles() -> None:
+    postgres = compose()["services"]["postgres"]
+    targets = {volume["target"]: volume["source"] for volume in postgres["volumes"]}
+    assert targets["/var/lib/postgresql/data"] == "postgres-data"
+    assert targets["/docker-entrypoint-initdb.d/10-tfpool-roles.sh"] == "./deploy/postgres/init-roles.sh"
+    assert targets["/opt/tfpool/roles.sql"] == "./deploy/postgres/roles.sql"
+    assert {"TFPOOL_MIGRATE_PASSWORD", "TFPOOL_APP_PASSWORD"} <= set(environment(postgres))
+    assert postgres["healthcheck"]["test"][:2] == ["CMD", "pg_isready"]
+
+
+def test_every_bind_mounted_file_exists() -> None:
+    for name, service in compose()["services"].items():
+        for volume in service.get("volumes", []):
+            if volume["type"] == "bind":
+                assert (REPO_ROOT / volume["source"]).is_file(), f"{name}: {volume['source']}"
+
+
+def test_every_nats_password_the_config_reads_is_given_to_the_nats_container() -> None:
+    read_by_config = set(re.findall(r"password:\s*\$(\w+)", NATS_CONFIG.read_text()))
+    assert read_by_config == set(environment(compose()["services"]["nats"]))
+
+
+@pytest.mark.parametrize("name", sorted(SERVICE_SETTINGS))
+def test_service_logs_in_to_nats_as_its_own_user_with_the_password_nats_expects(name: str) -> None:
+    services = compose()["services"]
+    env = environment(services[name])
+    users = re.findall(r"user:\s*(\S+)\s+password:\s*\$(\w+)", NATS_CONFIG.read_text())
+    password_variable = dict(users)[name]
+    assert env["TF_NATS_USER"] == name
+    assert env["TF_NATS_PASSWORD"] == environment(services["nats"])[password_variable]
+
+
+def test_node_agent_simulates_gpus_by_default() -> None:
+    assert environment(compose()["services"]["node-agent"])["TF_FAKE_GPUS"]
+
+
+def test_gpu_override_runs_the_node_agent_on_real_gpus() -> None:
+    override = compose(GPU_OVERRIDE_FILE)
+    assert set(override["services"]) == {"node-agent"}
+    agent = override["services"]["node-agent"]
+    assert isinstance(environment(agent)["TF_FAKE_GPUS"], ComposeReset)
+    (device,) = agent["deploy"]["resources"]["reservations"]["devices"]
+    assert device["driver"] == "nvidia"
+    assert device["capabilities"] == ["gpu"]
+    assert device["count"] == "all"
