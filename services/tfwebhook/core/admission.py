@@ -1,0 +1,639 @@
+"""The admission decision: `admit(pod, context) -> Verdict`. Pure: no I/O, no clock, no randomness.
+
+Reads the `tensor-fusion.ai/*` labels and annotations (TensorFusion-compatible), converts native
+device-plugin GPUs (`nvidia.com/gpu`, ...) under `isolation: shared`, applies automatic migration,
+validates, and returns either one RFC 6902 patch (the diff between the pod and its mutated copy) or a
+denial whose message names the annotation and what a valid value looks like. Admitting an already
+mutated pod yields an empty patch. `enabled-replicas` is decided by the shell (ledger), from the
+`TakeoverClaim` the verdict carries.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, cast, get_args
+
+from tfcommon.config import TfConfig
+from tfcommon.events import GpuRequest, IsolationMode, QosLevel, WorkloadRef
+from tfcommon.gpu_models import GPU_MODELS_BY_NAME
+from tfcommon.quantities import (
+    QuantityError,
+    format_bytes,
+    format_milli,
+    parse_bytes,
+    parse_milli,
+    parse_quantity,
+)
+
+from tfwebhook.core.patch import JsonPatch, json_diff
+from tfwebhook.core.workload import WorkloadIdentity, identify, pod_display_name
+
+PREFIX = "tensor-fusion.ai/"
+ENABLED = PREFIX + "enabled"
+COMPONENT = PREFIX + "component"
+WORKLOAD = PREFIX + "workload"
+GPUPOOL = PREFIX + "gpupool"
+TFLOPS_REQUEST = PREFIX + "tflops-request"
+TFLOPS_LIMIT = PREFIX + "tflops-limit"
+VRAM_REQUEST = PREFIX + "vram-request"
+VRAM_LIMIT = PREFIX + "vram-limit"
+PERCENT_REQUEST = PREFIX + "compute-percent-request"
+PERCENT_LIMIT = PREFIX + "compute-percent-limit"
+GPU_COUNT = PREFIX + "gpu-count"
+GPU_INDICES = PREFIX + "gpu-indices"
+GPU_MODEL = PREFIX + "gpu-model"
+VENDOR = PREFIX + "vendor"
+DEDICATED_GPU = PREFIX + "dedicated-gpu"
+QOS = PREFIX + "qos"
+ISOLATION = PREFIX + "isolation"
+INJECT_CONTAINER = PREFIX + "inject-container"
+CONTAINER_GPU_COUNT = PREFIX + "container-gpu-count"
+ENABLED_REPLICAS = PREFIX + "enabled-replicas"
+AUTOSCALE = PREFIX + "autoscale"
+AUTOSCALE_TARGET = PREFIX + "autoscale-target"
+IS_LOCAL_GPU = PREFIX + "is-local-gpu"
+POD_COUNTER_KEY = PREFIX + "pod-counter-key"
+TAKEOVER_SLOT = PREFIX + "takeover-slot"
+
+SCHEDULER_NAME = "tensor-fusion-scheduler"
+WORKER_COMPONENT = "worker"
+PRIORITY_CLASSES: dict[str, str] = {"high": "tensor-fusion-high", "critical": "tensor-fusion-critical"}
+QOS_LEVELS: tuple[str, ...] = get_args(QosLevel)
+ISOLATION_MODES: tuple[str, ...] = get_args(IsolationMode)
+AUTOSCALE_TARGETS = ("compute", "vram", "all")
+MAX_GPU_COUNT = 128
+VENDOR_BY_RESOURCE_DOMAIN = {"nvidia.com": "NVIDIA", "amd.com": "AMD", "intel.com": "Intel"}
+DENIED_CODE = 400
+
+
+class AdmissionDeniedError(ValueError):
+    """Raised inside the core for a pod that must be refused; the message is shown to the user."""
+
+
+@dataclass(frozen=True)
+class AdmissionContext:
+    """Everything besides the pod that the decision depends on, gathered by the shell.
+
+    `namespace_labels` is None when unknown (a namespace selector then never matches);
+    `takeover_slot_id` identifies this admission's `enabled-replicas` slot (the request UID) and is
+    written to the pod so the slot can be released when the pod is gone; None offline.
+    """
+
+    config: TfConfig
+    namespace: str = "default"
+    namespace_labels: Mapping[str, str] | None = None
+    takeover_slot_id: str | None = None
+
+
+@dataclass(frozen=True)
+class TakeoverClaim:
+    """This pod may be taken over only if the ledger grants `slot_id` below `limit` for `workload_key`."""
+
+    workload_key: str
+    limit: int
+    slot_id: str | None
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """Admit the pod with `patch` (empty: unchanged). GPU pods carry their workload and request.
+
+    When `takeover` is set, the patch applies only if the ledger grants the slot; otherwise the pod
+    must be admitted unchanged (it keeps its device-plugin GPUs).
+    """
+
+    patch: JsonPatch = field(default_factory=list)
+    reason: str = ""
+    workload: WorkloadRef | None = None
+    request: GpuRequest | None = None
+    migrated_resource: str | None = None
+    takeover: TakeoverClaim | None = None
+
+    @property
+    def is_gpu_pod(self) -> bool:
+        return self.request is not None
+
+
+@dataclass(frozen=True)
+class Denied:
+    """Refuse the pod; `message` names the annotation and what a valid value looks like."""
+
+    message: str
+    code: int = DENIED_CODE
+
+
+Verdict = Admitted | Denied
+
+
+@dataclass(frozen=True)
+class _Resources:
+    tflops_request: int = 0
+    tflops_limit: int = 0
+    vram_request: int = 0
+    vram_limit: int = 0
+    percent_request: int | None = None
+    percent_limit: int | None = None
+
+
+def _string_map(value: Any, what: str) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
+        raise AdmissionDeniedError(f"{what} must map strings to strings, e.g. {{app: web}}")
+    return value
+
+
+def _containers(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    """The containers, each a shallow copy placed in a copied list in `spec` (copy on write)."""
+    containers = spec.get("containers")
+    if not isinstance(containers, list) or not containers:
+        raise AdmissionDeniedError("spec.containers must list at least one container")
+    for index, container in enumerate(containers):
+        if not isinstance(container, dict) or not isinstance(container.get("name"), str):
+            raise AdmissionDeniedError(f"spec.containers[{index}] must be a container with a name")
+    copies = [dict(container) for container in containers]
+    spec["containers"] = copies
+    return copies
+
+
+def _native_gpu_limits(
+    containers: list[dict[str, Any]], resource_names: tuple[str, ...]
+) -> dict[str, tuple[str, int]]:
+    """Container name -> (native resource, count) for containers with a native GPU limit."""
+    found: dict[str, tuple[str, int]] = {}
+    for container in containers:
+        resources = container.get("resources")
+        if not isinstance(resources, dict):
+            continue
+        for section in ("limits", "requests"):
+            values = resources.get(section)
+            if not isinstance(values, dict):
+                continue
+            for resource in resource_names:
+                if resource not in values:
+                    continue
+                what = f"container {container['name']!r} {section}[{resource}]"
+                if isinstance(values[resource], bool) or not isinstance(values[resource], str | int):
+                    raise AdmissionDeniedError(
+                        f"{what}: {values[resource]!r} must be a whole number such as 1"
+                    )
+                try:
+                    count = parse_quantity(values[resource], what=what)
+                except QuantityError as error:
+                    raise AdmissionDeniedError(f"{error}; use a whole number of GPUs such as 1") from None
+                if count.denominator != 1 or count < 0:
+                    raise AdmissionDeniedError(
+                        f"{what}: {values[resource]!r} must be a whole number such as 1"
+                    )
+                if count > 0 and container["name"] not in found:
+                    found[container["name"]] = (resource, int(count))
+    return found
+
+
+def _boolean(annotations: Mapping[str, str], key: str) -> bool | None:
+    value = annotations.get(key)
+    if value is None:
+        return None
+    if value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    raise AdmissionDeniedError(f'annotation {key}: {value!r} is not a boolean; use "true" or "false"')
+
+
+def _choice(annotations: Mapping[str, str], key: str, allowed: tuple[str, ...]) -> str | None:
+    value = annotations.get(key)
+    if value is None:
+        return None
+    if value not in allowed:
+        raise AdmissionDeniedError(f"annotation {key}: {value!r} is not one of {', '.join(allowed)}")
+    return value
+
+
+def _milli(annotations: Mapping[str, str], key: str) -> int | None:
+    value = annotations.get(key)
+    if value is None:
+        return None
+    try:
+        return parse_milli(value, what=f"annotation {key}")
+    except QuantityError as error:
+        raise AdmissionDeniedError(f"{error} (TFLOPS per GPU, e.g. 20)") from None
+
+
+def _bytes(annotations: Mapping[str, str], key: str) -> int | None:
+    value = annotations.get(key)
+    if value is None:
+        return None
+    try:
+        return parse_bytes(value, what=f"annotation {key}")
+    except QuantityError as error:
+        raise AdmissionDeniedError(f"{error} (VRAM per GPU, e.g. 16Gi)") from None
+
+
+def _percent(annotations: Mapping[str, str], key: str) -> int | None:
+    value = annotations.get(key)
+    if value is None:
+        return None
+    example = "a whole percentage of one GPU from 0 to 100, e.g. 50"
+    try:
+        number = parse_quantity(value, what=f"annotation {key}")
+    except QuantityError:
+        raise AdmissionDeniedError(f"annotation {key}: {value!r} is not {example}") from None
+    if number.denominator != 1 or not 0 <= number <= 100:
+        raise AdmissionDeniedError(f"annotation {key}: {value!r} is outside 0-100; use {example}")
+    return int(number)
+
+
+def _paired(request: int | None, limit: int | None, request_key: str, limit_key: str) -> tuple[int, int]:
+    resolved_request = request if request is not None else limit
+    resolved_limit = limit if limit is not None else request
+    if resolved_request is None or resolved_limit is None:
+        return 0, 0
+    if resolved_limit < resolved_request:
+        raise AdmissionDeniedError(
+            f"annotation {limit_key} is below {request_key}; use a limit at least as large as the request"
+        )
+    return resolved_request, resolved_limit
+
+
+def _resources(annotations: Mapping[str, str]) -> _Resources:
+    tflops = _paired(
+        _milli(annotations, TFLOPS_REQUEST), _milli(annotations, TFLOPS_LIMIT), TFLOPS_REQUEST, TFLOPS_LIMIT
+    )
+    vram = _paired(
+        _bytes(annotations, VRAM_REQUEST), _bytes(annotations, VRAM_LIMIT), VRAM_REQUEST, VRAM_LIMIT
+    )
+    percent_request = _percent(annotations, PERCENT_REQUEST)
+    percent_limit = _percent(annotations, PERCENT_LIMIT)
+    if percent_request is None and percent_limit is None:
+        return _Resources(*tflops, *vram)
+    if TFLOPS_REQUEST in annotations or TFLOPS_LIMIT in annotations:
+        raise AdmissionDeniedError(
+            f"annotations {TFLOPS_REQUEST}/{TFLOPS_LIMIT} and {PERCENT_REQUEST}/{PERCENT_LIMIT} "
+            "exclude each other; give TFLOPS (e.g. 20) or a compute percent (e.g. 50), not both"
+        )
+    percent = _paired(percent_request, percent_limit, PERCENT_REQUEST, PERCENT_LIMIT)
+    return _Resources(0, 0, *vram, *percent)
+
+
+def _gpu_count(
+    annotations: Mapping[str, str], native: Mapping[str, tuple[str, int]], injected: list[str]
+) -> int:
+    example = f"a whole number of GPUs from 1 to {MAX_GPU_COUNT}, e.g. 2"
+    indices = annotations.get(GPU_INDICES)
+    if indices is not None:
+        parts = [part.strip() for part in indices.split(",")]
+        if not parts or not all(part.isdigit() for part in parts) or len(set(parts)) != len(parts):
+            raise AdmissionDeniedError(
+                f"annotation {GPU_INDICES}: {indices!r} is not a comma-separated list of distinct "
+                "device indices such as 0,1"
+            )
+        if len(parts) > MAX_GPU_COUNT:
+            raise AdmissionDeniedError(
+                f"annotation {GPU_INDICES}: more than {MAX_GPU_COUNT} GPUs; use {example}"
+            )
+        return len(parts)
+    text = annotations.get(GPU_COUNT)
+    if text is not None:
+        if not text.strip().isdigit() or not 1 <= int(text) <= MAX_GPU_COUNT:
+            raise AdmissionDeniedError(f"annotation {GPU_COUNT}: {text!r} is not {example}")
+        return int(text)
+    total = sum(count for name, (_, count) in native.items() if name in injected)
+    if total > MAX_GPU_COUNT:
+        raise AdmissionDeniedError(
+            f"native GPU limits add up to {total} GPUs, above {MAX_GPU_COUNT}; "
+            f"set annotation {GPU_COUNT} to {example}"
+        )
+    return total or 1
+
+
+def _injected_containers(
+    annotations: Mapping[str, str], containers: list[dict[str, Any]], native: Mapping[str, Any]
+) -> list[str]:
+    names = [container["name"] for container in containers]
+    text = annotations.get(INJECT_CONTAINER)
+    if text is not None:
+        chosen = [part.strip() for part in text.split(",") if part.strip()]
+        unknown = [name for name in chosen if name not in names]
+        if not chosen or unknown:
+            raise AdmissionDeniedError(
+                f"annotation {INJECT_CONTAINER}: {text!r} must list containers of this pod, "
+                f"comma-separated, from: {', '.join(names)}"
+            )
+        return list(dict.fromkeys(chosen))
+    if native:
+        return [name for name in names if name in native]
+    if len(names) == 1:
+        return names
+    raise AdmissionDeniedError(
+        f"the pod has {len(names)} containers and no way to tell which gets the GPU: set annotation "
+        f"{INJECT_CONTAINER} to a comma-separated list of container names, e.g. {names[0]}"
+    )
+
+
+def _container_gpu_counts(
+    annotations: Mapping[str, str], native: Mapping[str, tuple[str, int]], injected: list[str], count: int
+) -> str:
+    existing = annotations.get(CONTAINER_GPU_COUNT)
+    if existing is not None:
+        try:
+            parsed = json.loads(existing)
+        except ValueError:
+            parsed = None
+        if (
+            isinstance(parsed, dict)
+            and set(parsed) == set(injected)
+            and all(type(value) is int and value > 0 for value in parsed.values())
+        ):
+            return existing
+    by_container = {name: native[name][1] if name in native else count for name in injected}
+    return json.dumps(by_container, separators=(",", ":"), sort_keys=True)
+
+
+def should_auto_migrate(
+    config: TfConfig,
+    namespace: str,
+    namespace_labels: Mapping[str, str] | None,
+    pod_labels: Mapping[str, str],
+) -> bool:
+    """TensorFusion's scope rule: excludes first, then includes; no scope means every native-GPU pod."""
+    migration = config.dynamic_config.auto_migration
+    if not migration.enable:
+        return False
+    if migration.scope is None:
+        return True
+    excludes, includes = migration.scope.excludes, migration.scope.includes
+    if excludes is not None and excludes.matches(namespace, namespace_labels, pod_labels):
+        return False
+    return includes is None or includes.matches(namespace, namespace_labels, pod_labels)
+
+
+def _resolve_qos(annotations: Mapping[str, str], resources: _Resources, pool_default: str | None) -> str:
+    explicit = _choice(annotations, QOS, QOS_LEVELS)
+    if explicit is not None:
+        return explicit
+    compute = (
+        (resources.percent_request, resources.percent_limit)
+        if resources.percent_request is not None
+        else (resources.tflops_request, resources.tflops_limit)
+    )
+    vram = (resources.vram_request, resources.vram_limit)
+    if compute[0] == compute[1] and vram[0] == vram[1] and compute[0] and vram[0]:
+        return "high"
+    return pool_default or "medium"
+
+
+def _set_annotation_value(annotations: dict[str, str], key: str, value: int, parse: Any, text: str) -> None:
+    """Write `text` unless the annotation already holds the same value (keeps the user's spelling)."""
+    current = annotations.get(key)
+    if current is not None:
+        try:
+            if parse(current) == value:
+                return
+        except ValueError:
+            pass
+    annotations[key] = text
+
+
+def _enabled_replicas(annotations: Mapping[str, str]) -> int | None:
+    text = annotations.get(ENABLED_REPLICAS)
+    if text is None:
+        return None
+    if not text.strip().isdigit():
+        raise AdmissionDeniedError(
+            f'annotation {ENABLED_REPLICAS}: {text!r} is not a whole number of pods; use e.g. "1" or "4"'
+        )
+    return int(text)
+
+
+def _unchanged(reason: str) -> Admitted:
+    return Admitted(reason=reason)
+
+
+def admit(pod: Mapping[str, Any], context: AdmissionContext) -> Verdict:
+    """Decide one pod: an `Admitted` with one JSON patch (possibly empty) or a `Denied` with the fix."""
+    try:
+        return _admit(pod, context)
+    except AdmissionDeniedError as denial:
+        return Denied(str(denial))
+
+
+def _admit(original: Mapping[str, Any], context: AdmissionContext) -> Verdict:
+    config = context.config
+    # Copy on write: only the objects the mutation touches are copied, the rest is shared with
+    # `original`, so the diff skips shared subtrees by identity.
+    pod: dict[str, Any] = dict(original)
+    metadata = dict(pod["metadata"]) if isinstance(pod.get("metadata"), dict) else {}
+    pod["metadata"] = metadata
+    if not isinstance(pod.get("spec"), dict):
+        raise AdmissionDeniedError("the pod has no spec; send a complete Pod object")
+    spec = pod["spec"] = dict(pod["spec"])
+    labels = _string_map(metadata.get("labels"), "metadata.labels")
+    annotations = _string_map(metadata.get("annotations"), "metadata.annotations")
+    containers = _containers(spec)
+    native = _native_gpu_limits(containers, config.native_gpu_resource_names)
+    namespace = metadata.get("namespace") if isinstance(metadata.get("namespace"), str) else None
+    namespace = namespace or context.namespace
+
+    enabled = labels.get(ENABLED)
+    if enabled == "false":
+        return _unchanged(f'label {ENABLED} is "false"')
+    if enabled != "true":
+        if not native:
+            return _unchanged("not a GPU pod")
+        if not should_auto_migrate(config, namespace, context.namespace_labels, labels):
+            return _unchanged("native GPU pod outside automatic migration")
+        labels = {**labels, ENABLED: "true"}
+        annotations = {**annotations, ISOLATION: annotations.get(ISOLATION, "shared")}
+    else:
+        labels = dict(labels)
+        annotations = dict(annotations)
+
+    local = _boolean(annotations, IS_LOCAL_GPU)
+    pool_name = annotations.get(GPUPOOL)
+    if pool_name is not None:
+        pool = config.pool(pool_name)
+        if pool is None:
+            known = ", ".join(p.name for p in config.gpu_pools) or "none configured"
+            raise AdmissionDeniedError(
+                f"annotation {GPUPOOL}: unknown pool {pool_name!r}; known pools: {known}"
+            )
+    else:
+        pool = config.default_pool()
+        if pool is None:
+            raise AdmissionDeniedError(
+                f"no default GPU pool is configured: set annotation {GPUPOOL} to one of "
+                f"{', '.join(p.name for p in config.gpu_pools)}, or mark a pool isDefault: true"
+            )
+    pool_spec = pool.spec_template
+    if local is False or (local is None and not pool_spec.default_using_local_gpu):
+        raise AdmissionDeniedError(
+            f"annotation {IS_LOCAL_GPU}: remote GPU workers are not supported yet; "
+            f'set {IS_LOCAL_GPU}: "true" (pool {pool.name!r} defaults to remote GPUs '
+            "when its defaultUsingLocalGPU is false)"
+        )
+
+    isolation = (
+        _choice(annotations, ISOLATION, ISOLATION_MODES)
+        or pool_spec.node_manager_config.default_isolation_mode
+    )
+    resources = _resources(annotations)
+    gpu_model = annotations.get(GPU_MODEL)
+    if _boolean(annotations, DEDICATED_GPU):
+        if not gpu_model:
+            raise AdmissionDeniedError(
+                f'annotation {DEDICATED_GPU}: "true" needs annotation {GPU_MODEL}, e.g. H100'
+            )
+        card = GPU_MODELS_BY_NAME.get(gpu_model)
+        if card is None:
+            raise AdmissionDeniedError(
+                f"annotation {GPU_MODEL}: unknown model {gpu_model!r} for {DEDICATED_GPU}; "
+                f"use one of {', '.join(sorted(GPU_MODELS_BY_NAME))}"
+            )
+        resources = _Resources(
+            card.fp16_tflops_milli, card.fp16_tflops_milli, card.vram_bytes, card.vram_bytes
+        )
+    qos = _resolve_qos(annotations, resources, pool_spec.qos_config.default_qos)
+    _choice(annotations, AUTOSCALE_TARGET, AUTOSCALE_TARGETS)
+    _boolean(annotations, AUTOSCALE)
+    enabled_replicas = _enabled_replicas(annotations)
+
+    injected = _injected_containers(annotations, containers, native)
+    gpu_count = _gpu_count(annotations, native, injected)
+    compute_zero = not resources.tflops_request and not resources.percent_request
+    if isolation != "shared" and compute_zero and not resources.vram_request:
+        raise AdmissionDeniedError(
+            f"every GPU request is zero: set annotations {TFLOPS_REQUEST} (e.g. 20) or {PERCENT_REQUEST} "
+            f"(e.g. 50), and {VRAM_REQUEST} (e.g. 16Gi), or use {ISOLATION}: shared for whole GPUs"
+        )
+
+    identity = identify(metadata, namespace)
+    migrated_resources = sorted({native[name][0] for name in injected if name in native})
+    migrated = migrated_resources[0] if migrated_resources else None
+
+    annotations[GPUPOOL] = pool.name
+    annotations[QOS] = qos
+    annotations[ISOLATION] = isolation
+    _set_annotation_value(annotations, GPU_COUNT, gpu_count, lambda text: int(text), str(gpu_count))
+    if isolation != "shared" or resources.tflops_limit or resources.percent_limit is not None:
+        if resources.percent_limit is not None:
+            _set_annotation_value(
+                annotations,
+                PERCENT_REQUEST,
+                resources.percent_request or 0,
+                int,
+                str(resources.percent_request),
+            )
+            _set_annotation_value(
+                annotations, PERCENT_LIMIT, resources.percent_limit, int, str(resources.percent_limit)
+            )
+        else:
+            _set_annotation_value(
+                annotations,
+                TFLOPS_REQUEST,
+                resources.tflops_request,
+                parse_milli,
+                format_milli(resources.tflops_request),
+            )
+            _set_annotation_value(
+                annotations,
+                TFLOPS_LIMIT,
+                resources.tflops_limit,
+                parse_milli,
+                format_milli(resources.tflops_limit),
+            )
+    if isolation != "shared" or resources.vram_limit:
+        _set_annotation_value(
+            annotations,
+            VRAM_REQUEST,
+            resources.vram_request,
+            parse_bytes,
+            format_bytes(resources.vram_request),
+        )
+        _set_annotation_value(
+            annotations, VRAM_LIMIT, resources.vram_limit, parse_bytes, format_bytes(resources.vram_limit)
+        )
+    if INJECT_CONTAINER not in annotations:
+        annotations[INJECT_CONTAINER] = ",".join(injected)
+    annotations[CONTAINER_GPU_COUNT] = _container_gpu_counts(annotations, native, injected, gpu_count)
+    vendor = annotations.get(VENDOR)
+    if vendor is None and migrated is not None:
+        vendor = VENDOR_BY_RESOURCE_DOMAIN.get(migrated.split("/", 1)[0])
+        if vendor is not None:
+            annotations[VENDOR] = vendor
+
+    takeover = _takeover(identity, enabled_replicas, annotations, context)
+    labels[COMPONENT] = WORKER_COMPONENT
+    labels[WORKLOAD] = identity.name
+    labels[GPUPOOL] = pool.name
+    metadata["labels"] = labels
+    metadata["annotations"] = annotations
+
+    spec["schedulerName"] = SCHEDULER_NAME
+    if qos in PRIORITY_CLASSES and not spec.get("priorityClassName"):
+        spec["priorityClassName"] = PRIORITY_CLASSES[qos]
+        spec.pop("priority", None)
+    device_resource = config.webhook.device_plugin_resource
+    for container in containers:
+        if container["name"] in injected:
+            _hand_over_container(container, config.native_gpu_resource_names, device_resource)
+
+    request = GpuRequest(
+        pool=pool.name,
+        gpu_count=gpu_count,
+        tflops_request_milli=resources.tflops_request,
+        tflops_limit_milli=resources.tflops_limit,
+        vram_request_bytes=resources.vram_request,
+        vram_limit_bytes=resources.vram_limit,
+        compute_percent_request=resources.percent_request,
+        gpu_model=gpu_model,
+        qos=cast(QosLevel, qos),
+        isolation=cast(IsolationMode, isolation),
+    )
+    workload = WorkloadRef(
+        namespace=namespace,
+        name=pod_display_name(metadata),
+        uid=metadata.get("uid") if isinstance(metadata.get("uid"), str) else None,
+        workload=identity.name,
+    )
+    return Admitted(
+        patch=json_diff(original, pod),
+        reason="taken over by the GPU pool",
+        workload=workload,
+        request=request,
+        migrated_resource=migrated,
+        takeover=takeover,
+    )
+
+
+def _takeover(
+    identity: WorkloadIdentity,
+    enabled_replicas: int | None,
+    annotations: dict[str, str],
+    context: AdmissionContext,
+) -> TakeoverClaim | None:
+    if enabled_replicas is None or identity.takeover_key is None:
+        return None
+    annotations[POD_COUNTER_KEY] = identity.takeover_key
+    slot_id = annotations.get(TAKEOVER_SLOT) or context.takeover_slot_id
+    if slot_id is not None:
+        annotations[TAKEOVER_SLOT] = slot_id
+    return TakeoverClaim(workload_key=identity.takeover_key, limit=enabled_replicas, slot_id=slot_id)
+
+
+def _hand_over_container(
+    container: dict[str, Any], native_names: tuple[str, ...], device_resource: str
+) -> None:
+    resources = dict(container["resources"]) if isinstance(container.get("resources"), dict) else {}
+    container["resources"] = resources
+    for section in ("limits", "requests"):
+        if isinstance(resources.get(section), dict):
+            values = resources[section] = dict(resources[section])
+            removed = [values.pop(name) for name in native_names if name in values]
+            if removed and not values and section == "requests":
+                del resources[section]
+    if not isinstance(resources.get("limits"), dict):
+        resources["limits"] = {}
+    resources["limits"].setdefault(device_resource, "1")
