@@ -1,1 +1,11 @@
-"""The Postgres ledger of GPU allocations: tables, migrations, reserve/release and the outbox."""
+"""The Postgres ledger of GPU allocations: the source of truth for scheduling, QoS and billing.
+
+- `tables`: the SQLAlchemy tables (and who writes each); `migrations/`: their Alembic revisions;
+  `migrate`: `upgrade_head`, `downgrade_base`, `current_revision` (what `tfctl migrate` runs).
+- `sql.SqlLedger`: registration, reads, and the race-free `reserve()` / idempotent `release()`.
+- `records`: the frozen dataclasses the ledger takes and returns.
+- `outbox.OutboxRelay`: publishes committed events to JetStream exactly once.
+- `testing`: builders for tests.
+
+Nothing here decides placement; nothing is built at import time.
+"""

@@ -1,0 +1,1 @@
+"""Alembic revisions, one file each, named `NNNN_slug.py` with revision id `NNNN_slug`."""

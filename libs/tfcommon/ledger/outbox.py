@@ -1,0 +1,304 @@
+"""The outbox relay: publishes the events the ledger committed to its `outbox` table, exactly once.
+
+Each pass claims unpublished rows (`FOR UPDATE SKIP LOCKED`, so several relays share the work),
+publishes them in order (each call returns after the JetStream ack), then marks them published in
+the same transaction. A crash before the publish leaves the rows unclaimed for the next relay; a crash
+after the publish but before the mark republishes them, and JetStream drops the repeat because the
+`Nats-Msg-Id` is the event id (within the stream's duplicate window, 2 minutes by default). The relay
+wakes on Postgres NOTIFY `tf_outbox` (sent by a trigger on every insert) and polls as a fallback.
+
+Run it on its own with `python -m tfcommon.ledger.outbox --database-url URL --nats-url URL`.
+This module only moves committed rows to the bus; it never writes ledger state.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+import psycopg
+from sqlalchemy import delete, func, select, update
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from tfcommon.ledger import tables
+from tfcommon.ledger.sql import SqlLedger
+from tfcommon.ledger.urls import DatabaseUrlError, ledger_url
+from tfcommon.logs import configure_logging
+
+log = logging.getLogger(__name__)
+
+PausePoint = Literal["before-publish", "after-publish"]
+PAUSE_AT_ENV = "TF_OUTBOX_TEST_PAUSE_AT"
+PAUSE_MARKER_ENV = "TF_OUTBOX_TEST_PAUSE_MARKER"
+STOP_CHECK_INTERVAL_S = 0.2
+PRUNE_INTERVAL_S = 60.0
+
+
+class Publisher(Protocol):
+    """Where the relay publishes: `tfcommon.bus.NatsEventBus` (or any `EventBus`) satisfies it.
+
+    `publish_raw` must return only once the message is stored, and must treat `event_id` as the
+    deduplication id (`Nats-Msg-Id`), so that publishing the same event twice stores it once.
+    """
+
+    async def publish_raw(
+        self,
+        subject: str,
+        payload: bytes,
+        *,
+        event_id: str,
+        event_type: str,
+        occurred_at: datetime,
+        headers: Mapping[str, str] | None = None,
+    ) -> None: ...
+
+
+@dataclass(frozen=True)
+class TestPause:
+    """A deliberate test hook: stop forever at `point`, after writing the claimed event ids to `marker`.
+
+    Set through `TF_OUTBOX_TEST_PAUSE_AT` (`before-publish` or `after-publish`) and
+    `TF_OUTBOX_TEST_PAUSE_MARKER` (a file path) on the relay process, so a test can SIGKILL it there.
+    Never set in production.
+    """
+
+    __test__ = False  # not a pytest test class
+
+    point: PausePoint
+    marker: Path
+
+    @classmethod
+    def from_environment(cls, environ: Mapping[str, str]) -> TestPause | None:
+        point = environ.get(PAUSE_AT_ENV)
+        if not point:
+            return None
+        if point not in ("before-publish", "after-publish"):
+            raise ValueError(f"{PAUSE_AT_ENV}: {point!r} is not before-publish or after-publish")
+        marker = environ.get(PAUSE_MARKER_ENV)
+        if not marker:
+            raise ValueError(f"{PAUSE_MARKER_ENV}: unset; give the file the relay writes when it pauses")
+        return cls(point=point, marker=Path(marker))  # type: ignore[arg-type]
+
+
+class OutboxRelay:
+    """Moves committed outbox rows to the bus. `publish_pending()` is one pass; `run()` loops."""
+
+    def __init__(
+        self,
+        source: AsyncEngine | SqlLedger,
+        publisher: Publisher,
+        *,
+        batch_size: int = 100,
+        poll_interval_s: float = 1.0,
+        keep_published_s: float = 24 * 3600.0,
+        test_pause: TestPause | None = None,
+    ) -> None:
+        self._engine = source.engine if isinstance(source, SqlLedger) else source
+        self._publisher = publisher
+        self._batch_size = batch_size
+        self._poll_interval_s = poll_interval_s
+        self._test_pause = test_pause
+        self._keep_published_s = keep_published_s
+        self._next_prune_at = 0.0
+
+    async def publish_pending(self) -> int:
+        """Publish up to one batch of unpublished events, oldest first; returns how many were published.
+
+        If publishing fails part-way, the events already published are still marked and the error
+        is raised; the rest stay pending for the next pass.
+        """
+        outbox = tables.outbox.c
+        failure: BaseException | None = None
+        async with self._engine.begin() as connection:
+            claimed = (
+                await connection.execute(
+                    select(
+                        outbox.id,
+                        outbox.event_id,
+                        outbox.subject,
+                        outbox.event_type,
+                        outbox.payload,
+                        outbox.headers,
+                        outbox.occurred_at,
+                    )
+                    .where(outbox.published_at.is_(None))
+                    .order_by(outbox.id)
+                    .limit(self._batch_size)
+                    .with_for_update(skip_locked=True)
+                )
+            ).all()
+            if not claimed:
+                return 0
+            await self._maybe_pause("before-publish", [str(row.event_id) for row in claimed])
+            published: list[int] = []
+            try:
+                for row in claimed:
+                    await self._publisher.publish_raw(
+                        row.subject,
+                        _payload_bytes(row.payload),
+                        event_id=str(row.event_id),
+                        event_type=row.event_type,
+                        occurred_at=row.occurred_at,
+                        headers=dict(row.headers) or None,
+                    )
+                    published.append(row.id)
+                await self._maybe_pause("after-publish", [str(row.event_id) for row in claimed])
+            except Exception as error:  # marked below, then re-raised: what was published stays published
+                failure = error
+            if published:
+                await connection.execute(
+                    update(tables.outbox).where(outbox.id.in_(published)).values(published_at=func.now())
+                )
+        if failure is not None:
+            raise failure
+        return len(published)
+
+    async def prune_published(self, older_than_s: float) -> int:
+        """Delete events published more than `older_than_s` seconds ago; returns how many went.
+
+        Unpublished events are never deleted. `run()` calls this about once a minute with
+        `keep_published_s` (a day by default), well past JetStream's duplicate window.
+        """
+        outbox = tables.outbox.c
+        async with self._engine.begin() as connection:
+            deleted = await connection.execute(
+                delete(tables.outbox)
+                .where(outbox.published_at < func.now() - timedelta(seconds=older_than_s))
+                .returning(outbox.id)
+            )
+            return len(deleted.all())
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Publish until `stop` is set: drain the backlog, then wait for a NOTIFY or the poll interval.
+
+        Errors (bus or database unavailable) are logged and retried after the poll interval.
+        """
+        listener: psycopg.AsyncConnection[Any] | None = None
+        try:
+            while not stop.is_set():
+                if listener is None:
+                    listener = await self._listen()
+                try:
+                    published = await self.publish_pending()
+                except Exception as error:  # the relay outlives a bus or database outage
+                    log.warning(
+                        "outbox publish failed; retrying",
+                        extra={"outcome": "retry", "error": f"{type(error).__name__}: {error}"},
+                    )
+                    published = 0
+                if published:
+                    log.info("outbox published", extra={"count": published, "outcome": "published"})
+                await self._prune_now_and_then()
+                if published < self._batch_size:
+                    listener = await self._wait_for_work(listener, stop)
+        finally:
+            if listener is not None:
+                await listener.close()
+
+    async def _prune_now_and_then(self) -> None:
+        now = asyncio.get_running_loop().time()
+        if now < self._next_prune_at:
+            return
+        self._next_prune_at = now + PRUNE_INTERVAL_S
+        try:
+            pruned = await self.prune_published(self._keep_published_s)
+        except Exception as error:  # pruning is housekeeping: never stop publishing for it
+            log.warning("outbox prune failed", extra={"outcome": "error", "error": str(error)})
+            return
+        if pruned:
+            log.info("outbox pruned", extra={"outcome": "pruned", "count": pruned})
+
+    async def _listen(self) -> psycopg.AsyncConnection[Any] | None:
+        conninfo = self._engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+        try:
+            connection = await psycopg.AsyncConnection.connect(conninfo, autocommit=True)
+            await connection.execute(f"LISTEN {tables.OUTBOX_CHANNEL}")
+        except psycopg.Error as error:
+            log.warning("outbox LISTEN unavailable, polling", extra={"error": str(error)})
+            return None
+        return connection
+
+    async def _wait_for_work(
+        self, listener: psycopg.AsyncConnection[Any] | None, stop: asyncio.Event
+    ) -> psycopg.AsyncConnection[Any] | None:
+        if listener is None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=self._poll_interval_s)
+            return None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._poll_interval_s
+        try:
+            while not stop.is_set() and loop.time() < deadline:
+                # Short waits keep the relay responsive to `stop` without cancelling psycopg mid-read.
+                wait_s = min(STOP_CHECK_INTERVAL_S, max(deadline - loop.time(), 0.0))
+                notified = False
+                async for _ in listener.notifies(timeout=wait_s, stop_after=1):
+                    notified = True
+                if notified:
+                    break
+        except psycopg.Error as error:
+            log.warning("outbox LISTEN connection lost", extra={"error": str(error)})
+            await listener.close()
+            return None
+        return listener
+
+    async def _maybe_pause(self, point: PausePoint, event_ids: Sequence[str]) -> None:
+        if self._test_pause is None or self._test_pause.point != point:
+            return
+        await asyncio.to_thread(self._test_pause.marker.write_text, "\n".join(event_ids))
+        await asyncio.Event().wait()  # until the test kills this process
+
+
+def _payload_bytes(payload: Any) -> bytes:
+    return json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+async def _serve(database_url: str, nats_url: str, test_pause: TestPause | None) -> None:
+    from tfcommon.bus import NatsEventBus
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for stop_signal in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(stop_signal, stop.set)
+    bus = await NatsEventBus.connect(nats_url, service="outbox-relay")
+    engine = create_async_engine(ledger_url(database_url), pool_size=2, pool_pre_ping=True)
+    try:
+        await OutboxRelay(engine, bus, test_pause=test_pause).run(stop)
+    finally:
+        await bus.close()
+        await engine.dispose()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the relay until SIGTERM/SIGINT; URLs default to TF_DATABASE_URL and TF_NATS_URL."""
+    parser = argparse.ArgumentParser(
+        prog="python -m tfcommon.ledger.outbox", description="Publish committed ledger events to NATS"
+    )
+    parser.add_argument("--database-url", default=os.environ.get("TF_DATABASE_URL"))
+    parser.add_argument("--nats-url", default=os.environ.get("TF_NATS_URL"))
+    args = parser.parse_args(argv)
+    if not args.nats_url:
+        parser.error("--nats-url: unset; pass it or set TF_NATS_URL (e.g. nats://127.0.0.1:4222)")
+    try:
+        ledger_url(args.database_url or "")
+        test_pause = TestPause.from_environment(os.environ)
+    except (DatabaseUrlError, ValueError) as error:
+        parser.error(str(error))
+    configure_logging("outbox-relay", os.environ.get("TF_LOG_LEVEL", "INFO"))
+    asyncio.run(_serve(args.database_url, args.nats_url, test_pause))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
