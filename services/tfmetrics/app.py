@@ -1,4 +1,4 @@
-"""Composition root of the metrics service (serves metrics, billing and fragmentation KPIs).
+"""Composition root of the metrics service (serves metrics, billing, fragmentation KPIs and the dashboard).
 
 Only wiring lives here: `compose` plugs routers, consumers and tasks into the shared runtime
 (`tfcommon.runtime`); decisions live in `tfmetrics.core`. Nothing is built at import time.
@@ -6,14 +6,109 @@ Only wiring lives here: `compose` plugs routers, consumers and tasks into the sh
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
+from datetime import timedelta
+from decimal import Decimal
+
+from tfcommon import subjects
+from tfcommon.config import ConfigSource
+from tfcommon.consumer import run_pull_consumer
 from tfcommon.runtime import Components, ServiceContext, ServiceSpec, run_service
 from tfcommon.settings import MetricsSettings
+from tfcommon.telemetry import setup_telemetry
+
+from tfmetrics.billing_api import bill_from_ledger, bill_to_json, build_billing_router, utc_now
+from tfmetrics.core.billing import Bill
+from tfmetrics.core.series import Sample, snapshot_samples
+from tfmetrics.dashboard import build_dashboard_router
+from tfmetrics.exporter import build_metrics_router, series_board
+from tfmetrics.handlers import count_events_handler, record_usage_handler
+from tfmetrics.live import LiveView
 
 SERVICE = "metrics"
 
+_log = logging.getLogger("tfmetrics.app")
+
 
 async def compose(context: ServiceContext[MetricsSettings]) -> Components:
-    return Components()
+    settings = context.settings
+    setup_telemetry(context.name, settings.otlp_endpoint)
+    config = ConfigSource(settings.config_file)
+    view = LiveView(context.ledger)
+    board = series_board()
+    memo: dict[str, object] = {}
+
+    def current_samples() -> list[Sample]:
+        if view.snapshot is None:
+            return []
+        if memo.get("snapshot") is not view.snapshot:
+            memo["snapshot"] = view.snapshot
+            memo["samples"] = snapshot_samples(view.snapshot)
+        samples = memo["samples"]
+        assert isinstance(samples, list)
+        return samples
+
+    board.source = current_samples
+
+    def detach() -> None:
+        if board.source is current_samples:
+            board.source = None
+
+    context.cleanup.callback(detach)
+
+    async def refresh_ledger() -> None:
+        while not context.stopping.is_set():
+            try:
+                await view.refresh()
+            except Exception as error:
+                view.last_error = str(error).splitlines()[0] if str(error) else type(error).__name__
+                _log.warning(
+                    "ledger read failed; keeping the last snapshot",
+                    extra={"event": "metrics.refresh_failed", "outcome": "error", "reason": view.last_error},
+                )
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(context.stopping.wait(), timeout=settings.refresh_interval_s)
+
+    async def bill_for_window(window: timedelta, quantum: Decimal) -> Bill:
+        end = utc_now()
+        return await bill_from_ledger(
+            context.ledger.engine,
+            config.current(),
+            settings.gpu_cost_per_hour,
+            start=end - window,
+            end=end,
+            group_by="namespace",
+            quantum=quantum,
+        )
+
+    return Components(
+        routers=[
+            build_metrics_router(),
+            build_billing_router(context.ledger.engine, config.current, settings.gpu_cost_per_hour),
+            build_dashboard_router(view, bill_for_window, bill_to_json),
+        ],
+        tasks={
+            "refresh-ledger": refresh_ledger,
+            "record-usage": lambda: run_pull_consumer(
+                context.bus.js,
+                subjects.METRICS_RECORD_USAGE,
+                record_usage_handler(view),
+                bus=context.bus,
+                service=context.name,
+                stop=context.stopping,
+            ),
+            "count-events": lambda: run_pull_consumer(
+                context.bus.js,
+                subjects.METRICS_COUNT_EVENTS,
+                count_events_handler(board),
+                bus=context.bus,
+                service=context.name,
+                stop=context.stopping,
+            ),
+        },
+    )
 
 
 def build(settings: MetricsSettings) -> ServiceSpec[MetricsSettings]:

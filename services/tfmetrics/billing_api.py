@@ -1,0 +1,161 @@
+"""`GET /api/v1/billing`: a bill for any period from the ledger, priced with the pools' `qosConfig`.
+
+The HTTP shell around `tfmetrics.core.billing`: parses the query (bad input is a 400 naming the
+parameter and the fix), reads the held intervals from the ledger and renders the `Bill` as JSON with
+money as decimal strings (never floats).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from fastapi import APIRouter, Query
+from fastapi.responses import JSONResponse
+from sqlalchemy.ext.asyncio import AsyncEngine
+from tfcommon.config import TfConfig
+
+from tfmetrics.core.billing import (
+    GROUP_BY_CHOICES,
+    Bill,
+    BillingInputError,
+    GroupBy,
+    PoolPricing,
+    compute_bill,
+)
+from tfmetrics.core.pricing import PricingError, parse_pool_pricing
+from tfmetrics.ledger_reads import billable_shares
+
+DEFAULT_PERIOD = timedelta(days=30)
+Clock = Callable[[], datetime]
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+class QueryError(ValueError):
+    """A query parameter is malformed; the message names it and the fix."""
+
+
+def parse_time(value: str, parameter: str) -> datetime:
+    """ISO 8601 with a time zone (`2026-11-01T00:00:00Z`), or a date (`2026-11-01`, midnight UTC)."""
+    try:
+        moment = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+    except ValueError:
+        raise QueryError(
+            f"{parameter}: {value!r} is not a time; use ISO 8601 such as 2026-11-01T00:00:00Z or 2026-11-01"
+        ) from None
+    if moment.utcoffset() is None:
+        if len(value.strip()) > len("2026-11-01"):
+            raise QueryError(f"{parameter}: {value!r} has no time zone; add one, e.g. {value.strip()}Z")
+        moment = moment.replace(tzinfo=UTC)
+    return moment
+
+
+def pool_pricing(config: TfConfig, pools: set[str]) -> dict[str, PoolPricing]:
+    """Each pool's prices from its `specTemplate.qosConfig`; a pool not in the file gets the defaults."""
+    result: dict[str, PoolPricing] = {}
+    for name in sorted(pools):
+        pool = config.pool(name)
+        qos_config: Mapping[str, Any] = {}
+        if pool is not None:
+            qos_config = pool.spec_template.qos_config.model_dump(by_alias=True, exclude_none=True)
+        result[name] = parse_pool_pricing(qos_config, f"gpuPools[{name}].specTemplate.qosConfig")
+    return result
+
+
+async def bill_from_ledger(
+    engine: AsyncEngine,
+    config: TfConfig,
+    gpu_cost_per_hour: Mapping[str, Decimal],
+    *,
+    start: datetime,
+    end: datetime,
+    group_by: GroupBy,
+    quantum: Decimal,
+) -> Bill:
+    """The bill for [start, end) from the ledger's history; raises `BillingInputError`/`PricingError`."""
+    if end <= start:
+        raise BillingInputError(f"to: {end.isoformat()} must be after from {start.isoformat()}")
+    shares = await billable_shares(engine, start, end)
+    pricing = pool_pricing(config, {share.pool for share in shares})
+    return compute_bill(
+        shares, pricing, gpu_cost_per_hour, start=start, end=end, group_by=group_by, quantum=quantum
+    )
+
+
+def bill_to_json(bill: Bill) -> dict[str, Any]:
+    """The wire form of a bill: money as decimal strings, times in ISO 8601."""
+    return {
+        "from": bill.start.isoformat(),
+        "to": bill.end.isoformat(),
+        "groupBy": bill.group_by,
+        "quantum": str(bill.quantum),
+        "cost": str(bill.cost),
+        "dedicatedCost": str(bill.dedicated_cost),
+        "savings": str(bill.savings),
+        "groups": [
+            {
+                "key": line.key,
+                "cost": str(line.cost),
+                "dedicatedCost": str(line.dedicated_cost),
+                "savings": str(line.savings),
+                "gpuHours": str(line.gpu_hours),
+                "shares": line.shares,
+            }
+            for line in bill.lines
+        ],
+        "notes": list(bill.notes),
+    }
+
+
+def _parse_quantum(value: str) -> Decimal:
+    try:
+        quantum = Decimal(value)
+    except InvalidOperation:
+        quantum = Decimal("NaN")
+    if not quantum.is_finite() or quantum <= 0:
+        raise QueryError(f"quantum: {value!r} must be a positive amount such as 0.01 or 0.000001")
+    return quantum
+
+
+def build_billing_router(
+    engine: AsyncEngine,
+    config: Callable[[], TfConfig],
+    gpu_cost_per_hour: Mapping[str, Decimal],
+    clock: Clock = utc_now,
+) -> APIRouter:
+    """The billing endpoint over the ledger at `engine`; `config` returns the configuration in force."""
+    router = APIRouter(tags=["billing"])
+
+    @router.get("/api/v1/billing")
+    async def get_billing(
+        start: str | None = Query(default=None, alias="from"),
+        end: str | None = Query(default=None, alias="to"),
+        group_by: str = Query(default="namespace", alias="groupBy"),
+        quantum: str = Query(default="0.01"),
+    ) -> JSONResponse:
+        try:
+            period_end = parse_time(end, "to") if end else clock()
+            period_start = parse_time(start, "from") if start else period_end - DEFAULT_PERIOD
+            if group_by not in GROUP_BY_CHOICES:
+                raise QueryError(f"groupBy: {group_by!r} is not one of {', '.join(GROUP_BY_CHOICES)}")
+            bill = await bill_from_ledger(
+                engine,
+                config(),
+                gpu_cost_per_hour,
+                start=period_start,
+                end=period_end,
+                group_by=group_by,
+                quantum=_parse_quantum(quantum),
+            )
+        except (QueryError, BillingInputError) as error:
+            return JSONResponse({"error": str(error)}, status_code=400)
+        except PricingError as error:
+            return JSONResponse({"error": f"configuration file: {error}"}, status_code=503)
+        return JSONResponse(bill_to_json(bill))
+
+    return router

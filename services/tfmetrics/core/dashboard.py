@@ -1,0 +1,105 @@
+"""The dashboard's data: pools with their KPIs, nodes with their GPUs split by the workloads holding
+them, and the allocation table. Pure: a `ClusterSnapshot` in, a JSON-ready mapping out."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from tfmetrics.core.series import ClusterSnapshot, WorkerShare, pool_kpis
+
+GIB = 1024**3
+
+
+def _percent(part: int, whole: int) -> float:
+    return round(100.0 * part / whole, 2) if whole else 0.0
+
+
+def dashboard_view(snapshot: ClusterSnapshot) -> dict[str, Any]:
+    """Everything the page draws, in display order (pools, nodes and GPUs by name and index)."""
+    shares_by_gpu: dict[str, list[WorkerShare]] = defaultdict(list)
+    for share in snapshot.shares:
+        shares_by_gpu[share.gpu_uuid].append(share)
+    usage_by_gpu = {sample.uuid: sample for sample in snapshot.gpu_usage}
+    nodes = []
+    for node in sorted(snapshot.nodes, key=lambda node: node.name):
+        gpus = sorted((gpu for gpu in snapshot.gpus if gpu.node == node.name), key=lambda gpu: gpu.index)
+        nodes.append(
+            {
+                "name": node.name,
+                "pool": node.pool,
+                "ready": node.ready,
+                "lastHeartbeatAt": node.last_heartbeat_at.isoformat() if node.last_heartbeat_at else None,
+                "gpus": [
+                    {
+                        "uuid": gpu.uuid,
+                        "index": gpu.index,
+                        "model": gpu.model,
+                        "phase": gpu.phase,
+                        "capacityTflops": gpu.capacity_tflops_milli / 1000,
+                        "capacityVramGiB": round(gpu.capacity_vram_bytes / GIB, 2),
+                        "allocatedTflopsPercent": _percent(gpu.used_tflops_milli, gpu.capacity_tflops_milli),
+                        "allocatedVramPercent": _percent(gpu.used_vram_bytes, gpu.capacity_vram_bytes),
+                        "usageComputePercent": usage.compute_percentage
+                        if (usage := usage_by_gpu.get(gpu.uuid))
+                        else None,
+                        "segments": [
+                            {
+                                "workload": f"{share.namespace}/{share.workload}",
+                                "pod": share.pod,
+                                "qos": share.qos,
+                                "tflopsPercent": _percent(
+                                    share.request_tflops_milli, gpu.capacity_tflops_milli
+                                ),
+                                "vramPercent": _percent(share.request_vram_bytes, gpu.capacity_vram_bytes),
+                            }
+                            for share in sorted(
+                                shares_by_gpu.get(gpu.uuid, []),
+                                key=lambda share: (share.namespace, share.pod),
+                            )
+                        ],
+                    }
+                    for gpu in gpus
+                ],
+            }
+        )
+    pools = [
+        {
+            "name": kpis.pool,
+            "gpuCount": kpis.gpu_count,
+            "wholeIdleGpus": kpis.whole_idle_gpus,
+            "allocatedTflopsPercent": _percent(kpis.allocated_tflops_milli, kpis.capacity_tflops_milli),
+            "allocatedVramPercent": _percent(kpis.allocated_vram_bytes, kpis.capacity_vram_bytes),
+            "largestFitTflops": kpis.largest_fit_tflops_milli / 1000,
+            "largestFitVramGiB": round(kpis.largest_fit_vram_bytes / GIB, 2),
+            "largestFitGpuShare": kpis.largest_fit_share / 1000,
+            "strandedTflops": kpis.stranded_tflops_milli / 1000,
+            "strandedVramGiB": round(kpis.stranded_vram_bytes / GIB, 2),
+            "fragmentationRate": round(kpis.fragmentation_rate, 4),
+        }
+        for kpis in pool_kpis(snapshot)
+    ]
+    node_of = {gpu.uuid: gpu.node for gpu in snapshot.gpus}
+    allocations = [
+        {
+            "allocationId": share.allocation_id,
+            "namespace": share.namespace,
+            "pod": share.pod,
+            "workload": share.workload,
+            "qos": share.qos,
+            "pool": share.pool,
+            "node": node_of.get(share.gpu_uuid, ""),
+            "gpu": share.gpu_uuid,
+            "tflopsRequest": share.request_tflops_milli / 1000,
+            "tflopsLimit": share.limit_tflops_milli / 1000,
+            "vramRequestGiB": round(share.request_vram_bytes / GIB, 2),
+            "vramLimitGiB": round(share.limit_vram_bytes / GIB, 2),
+        }
+        for share in sorted(snapshot.shares, key=lambda share: (share.namespace, share.pod, share.gpu_uuid))
+    ]
+    return {
+        "generatedAt": snapshot.now.isoformat(),
+        "pools": pools,
+        "nodes": nodes,
+        "allocations": allocations,
+    }
