@@ -26,8 +26,12 @@ lint: $(STAMP) ## ruff, mypy --strict and the import-linter contracts
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-test: lint ## Lint, then every test: unit, integration (real NATS and Postgres) and end to end
+test: lint chromium ## Lint, then every test: unit, integration (real NATS and Postgres) and end to end
 	$(BIN)/pytest
+
+chromium: ## Debian's Chromium, for the dashboard's browser test (installed once, needs root)
+	@command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) \
+		|| (echo "make test needs Debian's chromium for the browser test: apt-get install chromium (as root)" >&2; exit 1)
 
 test-unit: $(STAMP) ## Only the unit tests (no network)
 	$(BIN)/pytest tests/unit
@@ -49,4 +53,4 @@ lock: ## Re-pin requirements.lock from requirements.in (needs network)
 clean: ## Remove the virtual environment and local state
 	rm -rf $(VENV) .tf .mypy_cache .ruff_cache
 
-.PHONY: help install run lint test test-unit fmt bench lock clean
+.PHONY: help install run lint test chromium test-unit fmt bench lock clean
