@@ -25,6 +25,16 @@ CLOUDEVENTS_SPEC_VERSION = "1.0"
 MSG_ID_HEADER = "Nats-Msg-Id"
 PUBLISH_TIMEOUT_S = 5.0
 STREAM_PREFIXES = ("tf.evt.", "tf.cmd.")
+DEFAULT_INBOX_PREFIX = "_INBOX"
+
+
+def inbox_prefix_for(user: str | None) -> str:
+    """The reply-subject prefix of a client: `_INBOX_<user>` for a NATS user, else NATS's `_INBOX`.
+
+    `deploy/nats/nats.conf` lets each user subscribe only to its own `_INBOX_<user>.>`, so no client
+    can read the JetStream replies (fetched messages included) addressed to another user.
+    """
+    return f"{DEFAULT_INBOX_PREFIX}_{user}" if user else DEFAULT_INBOX_PREFIX
 
 
 class UnroutableSubjectError(RuntimeError):
@@ -113,12 +123,16 @@ class NatsEventBus:
         user: str | None = None,
         password: str | None = None,
     ) -> NatsEventBus:
-        """Connect to `url` as `service` (the connection name, the CloudEvents source)."""
+        """Connect to `url` as `service` (the connection name, the CloudEvents source).
+
+        With a `user`, replies arrive on the user's own inbox prefix (`inbox_prefix_for`).
+        """
         nc = await nats.connect(
             url,
             name=f"tfpool-{service}",
             user=user,
             password=password,
+            inbox_prefix=inbox_prefix_for(user),
             max_reconnect_attempts=-1,
             connect_timeout=5,
         )

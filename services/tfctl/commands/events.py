@@ -1,6 +1,7 @@
-"""`tfctl events doc [--check]` writes the event catalogue; `tfctl events tail` prints the bus live.
+"""`tfctl events doc|contract [--check]` write the event contract; `tfctl events tail` prints the bus live.
 
-`doc` renders `docs/events.md` from `tfcommon.events` (no network). `tail` reads `TF_EVENTS` through an
+`doc` renders `docs/events.md` from `tfcommon.events` (no network); `contract` renders it together
+with `docs/asyncapi.yaml` and `docs/schemas/*.json` (`tfcommon.asyncapi`). `tail` reads `TF_EVENTS` through an
 ordered consumer starting at new messages (it consumes nothing: services' durable consumers are not
 affected); command subjects (`tf.cmd.*`) are watched with a plain subscription, since a work queue
 admits only its own consumers.
@@ -16,7 +17,8 @@ from pathlib import Path
 from typing import TextIO
 
 REPOSITORY_ROOT = Path(__file__).resolve().parents[3]
-DEFAULT_CATALOGUE = REPOSITORY_ROOT / "docs" / "events.md"
+DEFAULT_DOCS = REPOSITORY_ROOT / "docs"
+DEFAULT_CATALOGUE = DEFAULT_DOCS / "events.md"
 USAGE_ERROR = 2
 STALE = 1
 
@@ -29,6 +31,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     doc.add_argument("--output", type=Path, default=DEFAULT_CATALOGUE, help="where to write (docs/events.md)")
     doc.add_argument("--check", action="store_true", help="write nothing; exit 1 if the file is stale")
     doc.set_defaults(handler=handle_doc)
+
+    contract = verbs.add_parser(
+        "contract", help="write docs/events.md, docs/asyncapi.yaml and docs/schemas/ from tfcommon/events.py"
+    )
+    contract.add_argument("--docs-dir", type=Path, default=DEFAULT_DOCS, help="where to write (docs/)")
+    contract.add_argument("--check", action="store_true", help="write nothing; exit 1 if a file is stale")
+    contract.set_defaults(handler=handle_contract)
 
     tail = verbs.add_parser("tail", help="print every message published on the bus, as it happens")
     tail.add_argument("--subject", default="tf.evt.>", help="subject pattern, e.g. 'tf.evt.allocation.*'")
@@ -55,6 +64,45 @@ def handle_doc(args: argparse.Namespace) -> int:
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(expected, encoding="utf-8")
     print(f"wrote {output}")
+    return 0
+
+
+def handle_contract(args: argparse.Namespace) -> int:
+    from tfcommon.asyncapi import SCHEMAS_FOLDER, contract_files
+
+    expected = contract_files()
+    docs: Path = args.docs_dir
+    schemas = docs / SCHEMAS_FOLDER
+    leftovers = sorted(
+        path.relative_to(docs).as_posix()
+        for path in (schemas.glob("*.json") if schemas.is_dir() else ())
+        if path.relative_to(docs).as_posix() not in expected
+    )
+    if args.check:
+        stale = [
+            name
+            for name, text in expected.items()
+            if not (docs / name).exists() or (docs / name).read_text(encoding="utf-8") != text
+        ]
+        if stale or leftovers:
+            for name in [*stale, *leftovers]:
+                print(
+                    f"{docs / name} is stale: run `tfctl events contract` and commit the result",
+                    file=sys.stderr,
+                )
+            return STALE
+        print(f"{len(expected)} contract files under {docs} are up to date")
+        return 0
+    for name, text in expected.items():
+        target = docs / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text, encoding="utf-8")
+    for name in leftovers:
+        (docs / name).unlink()
+    print(
+        f"wrote {len(expected)} contract files under {docs}"
+        + (f", removed {len(leftovers)}" if leftovers else "")
+    )
     return 0
 
 
@@ -120,9 +168,12 @@ async def tail(
     import nats
     from nats.aio.subscription import Subscription
     from nats.js.api import DeliverPolicy
+    from tfcommon.bus import inbox_prefix_for
     from tfcommon.subjects import EVENTS_STREAM
 
-    nc = await nats.connect(url, name="tfctl-events-tail", user=user, password=password)
+    nc = await nats.connect(
+        url, name="tfctl-events-tail", user=user, password=password, inbox_prefix=inbox_prefix_for(user)
+    )
     subscription: Subscription
     try:
         if pattern.startswith("tf.evt."):

@@ -12,6 +12,8 @@ import io
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from datetime import UTC, datetime
+from uuid import uuid4
 
 import nats
 import pytest
@@ -19,6 +21,9 @@ from nats.aio.client import Client
 from nats.js.errors import Error as JetStreamError
 from secured_nats_server import SecuredNats
 from tfcommon import events, subjects
+from tfcommon.bus import NatsEventBus, inbox_prefix_for
+from tfcommon.catalogue import filter_matches
+from tfcommon.events import encode
 from tfcommon.subjects import ConsumerSpec
 from tfctl.commands.events import tail
 
@@ -55,6 +60,7 @@ async def connected(server: SecuredNats, user: str) -> AsyncIterator[tuple[Clien
         user=user,
         password=server.passwords[user],
         error_cb=violations.record,
+        inbox_prefix=inbox_prefix_for(user),
         allow_reconnect=False,
         connect_timeout=5,
     )
@@ -184,3 +190,111 @@ async def test_readonly_user_cannot_publish_steal_or_see_commands(provisioned: S
         assert await violations.wait_for("consumer.delete")
         await client.subscribe("tf.cmd.>")
         assert await violations.wait_for('subscription to "tf.cmd.>"')
+
+
+def durable_subjects(spec: ConsumerSpec) -> tuple[str, str]:
+    """The fetch request subject of a durable consumer and one of its acknowledgement subjects."""
+    return (
+        f"$JS.API.CONSUMER.MSG.NEXT.{spec.stream}.{spec.durable}",
+        f"$JS.ACK.{spec.stream}.{spec.durable}.1.1.1.1700000000000000000.0",
+    )
+
+
+def a_message_for(spec: ConsumerSpec) -> tuple[str, str]:
+    """A subject the consumer receives, and a service allowed to publish it."""
+    for message_type in events.MESSAGE_TYPES.values():
+        subject = published_subject(message_type)
+        if producer_names(message_type) and any(
+            filter_matches(pattern, subject) for pattern in spec.filter_subjects
+        ):
+            return subject, sorted(producer_names(message_type))[0]
+    raise LookupError(f"nothing is published for {spec.durable}")
+
+
+@pytest.mark.parametrize("service", [s for s in SERVICES if consumers_of(s)])
+async def test_service_fetches_and_acknowledges_on_each_of_its_own_durables(
+    provisioned: SecuredNats, service: str
+) -> None:
+    async with connected(provisioned, service) as (client, violations):
+        js = client.jetstream(timeout=5)
+        await subjects.provision(js, consumers=consumers_of(service))
+        for spec in consumers_of(service):
+            subject, producer = a_message_for(spec)
+            marker = f"for-{spec.durable}".encode()
+            async with connected(provisioned, producer) as (publisher, _):
+                await publisher.jetstream(timeout=5).publish(subject, marker)
+            subscription = await js.pull_subscribe_bind(durable=spec.durable, stream=spec.stream)
+            seen: list[bytes] = []
+            deadline = time.monotonic() + DEADLINE_S
+            while marker not in seen and time.monotonic() < deadline:
+                with contextlib.suppress(nats.errors.TimeoutError):
+                    for message in await subscription.fetch(50, timeout=0.5):
+                        seen.append(message.data)
+                        await message.ack_sync(timeout=5)
+            assert marker in seen, spec.durable
+        await client.flush()
+        assert violations.messages == []
+
+
+@pytest.mark.parametrize("service", [*SERVICES, "readonly"])
+async def test_service_cannot_fetch_from_or_acknowledge_another_services_durable(
+    provisioned: SecuredNats, service: str
+) -> None:
+    foreign = [spec for other in SERVICES if other != service for spec in consumers_of(other)]
+    async with connected(provisioned, service) as (client, violations):
+        for spec in foreign:
+            for subject in durable_subjects(spec):
+                await client.publish(subject, b"", reply=client.new_inbox())
+        await client.flush()
+        for spec in foreign:
+            for subject in durable_subjects(spec):
+                assert await violations.wait_for(f'publish to "{subject}"'), (service, subject)
+
+
+@pytest.mark.parametrize("service", [*SERVICES, "readonly"])
+async def test_user_cannot_read_another_users_inbox_or_the_shared_one(
+    provisioned: SecuredNats, service: str
+) -> None:
+    other = "scheduler" if service != "scheduler" else "webhook"
+    async with connected(provisioned, service) as (client, violations):
+        for inbox in (f"{inbox_prefix_for(other)}.>", "_INBOX.>"):
+            await client.subscribe(inbox)
+            assert await violations.wait_for(f'subscription to "{inbox}"'), inbox
+
+
+async def test_event_bus_receives_its_acknowledgements_on_its_own_inbox(provisioned: SecuredNats) -> None:
+    admitted = events.PodAdmitted(
+        event_id=uuid4(),
+        occurred_at=datetime.now(UTC),
+        workload=events.WorkloadRef(namespace="ml-team", name="trainer-0"),
+        request=events.GpuRequest(
+            pool="default",
+            tflops_request_milli=100_000,
+            tflops_limit_milli=200_000,
+            vram_request_bytes=8 << 30,
+            vram_limit_bytes=16 << 30,
+        ),
+        patch_operations=5,
+    )
+    bus = await NatsEventBus.connect(
+        provisioned.url, service="webhook", user="webhook", password=provisioned.passwords["webhook"]
+    )
+    try:
+        await bus.publish(admitted)
+        assert bus.nc.new_inbox().startswith("_INBOX_webhook.")
+    finally:
+        await bus.close()
+    violations = Violations()
+    shared_inbox = await nats.connect(
+        provisioned.url,
+        user="webhook",
+        password=provisioned.passwords["webhook"],
+        error_cb=violations.record,
+        allow_reconnect=False,
+    )
+    try:
+        with pytest.raises((nats.errors.TimeoutError, nats.errors.NoRespondersError)):
+            await shared_inbox.jetstream(timeout=1).publish(admitted.subject, encode(admitted), timeout=1)
+        assert await violations.wait_for("subscription to")
+    finally:
+        await shared_inbox.close()
