@@ -1,19 +1,83 @@
 """Composition root of the defrag-planner service (plans node compaction and evicts one workload at a time).
 
-Only wiring lives here: `compose` plugs routers, consumers and tasks into the shared runtime
-(`tfcommon.runtime`); decisions live in `tfdefrag.core`. Nothing is built at import time.
+Only wiring lives here: `compose` plugs the plan API, the start-campaign consumer and the tick loop into
+the shared runtime (`tfcommon.runtime`); decisions live in `tfdefrag.core`. Nothing is built at import time.
+The cluster is the Kubernetes API server when running in a pod (or with `$KUBECONFIG`), else a local one.
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
+
+from tfcommon import subjects
+from tfcommon.cluster import Cluster
+from tfcommon.config import ConfigSource
+from tfcommon.consumer import run_pull_consumer
 from tfcommon.runtime import Components, ServiceContext, ServiceSpec, run_service
 from tfcommon.settings import DefragSettings
+
+from tfdefrag.api import build_router
+from tfdefrag.campaign import CampaignDeps, ExecutorSettings
+from tfdefrag.service import DefragService
+from tfdefrag.store import CampaignStore
 
 SERVICE = "defrag-planner"
 
 
+def default_cluster() -> Cluster:
+    if os.environ.get("KUBERNETES_SERVICE_HOST") or os.environ.get("KUBECONFIG"):
+        from tfcommon.cluster.kubernetes import KubernetesCluster
+
+        return KubernetesCluster.from_environment()
+    from tfcommon.cluster.local import LocalCluster
+
+    return LocalCluster()
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+def make_compose(
+    cluster_factory: Callable[[], Cluster] = default_cluster,
+) -> Callable[[ServiceContext[DefragSettings]], Awaitable[Components]]:
+    async def compose(context: ServiceContext[DefragSettings]) -> Components:
+        settings = context.settings
+        deps = CampaignDeps(
+            cluster=cluster_factory(),
+            ledger=context.ledger,
+            store=CampaignStore(context.ledger.engine),
+            publish=context.bus.publish,
+            clock=utc_now,
+            settings=ExecutorSettings(replacement_timeout=timedelta(seconds=settings.replacement_timeout_s)),
+        )
+        service = DefragService(deps=deps, config=ConfigSource(settings.config_file))
+
+        async def start_campaigns() -> None:
+            await run_pull_consumer(
+                context.bus.js,
+                subjects.DEFRAG_START_CAMPAIGN,
+                service.start_from_command,
+                bus=context.bus,
+                service=SERVICE,
+                stop=context.stopping,
+            )
+
+        return Components(
+            routers=[build_router(service)],
+            tasks={
+                "start-campaign": start_campaigns,
+                "tick": lambda: service.run_ticks(context.stopping, settings.tick_interval_s),
+            },
+        )
+
+    return compose
+
+
 async def compose(context: ServiceContext[DefragSettings]) -> Components:
-    return Components()
+    return await make_compose()(context)
 
 
 def build(settings: DefragSettings) -> ServiceSpec[DefragSettings]:

@@ -1,0 +1,52 @@
+"""Compaction and the marker TTL sweep through the service shell, on the ledger and a cluster."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from defrag_scenario import LocalSeed, build_scenario, node_manifest, register_node
+from tfcommon.cluster.local import LocalCluster
+from tfcommon.config import ConfigSource
+from tfcommon.ledger.sql import SqlLedger
+from tfdefrag.core.config import CompactionConfig, DefragConfig
+from tfdefrag.service import DefragService
+
+pytestmark = pytest.mark.integration
+
+
+async def test_an_empty_node_gets_should_delete_and_a_stale_source_marker_expires(
+    ledger: SqlLedger, tmp_path: Path
+) -> None:
+    cluster = LocalCluster()
+    seed = LocalSeed(cluster)
+    scenario = await build_scenario(ledger, cluster, seed)
+    empty = f"{scenario.source}-empty"
+    await register_node(ledger, scenario.pool, empty)
+    seed.put_node(node_manifest(empty))
+    stale = node_manifest(f"{scenario.source}-stale")
+    stale["metadata"] = {
+        "name": f"{scenario.source}-stale",
+        "labels": {"tensor-fusion.ai/defrag-source": "true"},
+        "annotations": {
+            "tensor-fusion.ai/defrag-source-since": "2026-01-01T00:00:00Z",
+            "tensor-fusion.ai/defrag-source-pool": scenario.pool,
+        },
+    }
+    seed.put_node(stale)
+    config = tmp_path / "config.yaml"
+    config.write_text(f"gpuPools:\n  - name: {scenario.pool}\n", encoding="utf-8")
+    service = DefragService(deps=scenario.executor().deps, config=ConfigSource(config))
+
+    marked = await service.compact(scenario.pool)
+    await service.expire_markers(scenario.pool, CompactionConfig(pool=scenario.pool, defrag=DefragConfig()))
+
+    assert marked == [empty]
+    for name, expected in ((empty, "true"), (scenario.source, None), (scenario.target, None)):
+        node = await cluster.get_node(name)
+        assert node is not None
+        assert node.labels.get("tensor-fusion.ai/should-delete") == expected
+    cleared = await cluster.get_node(f"{scenario.source}-stale")
+    assert cleared is not None
+    assert "tensor-fusion.ai/defrag-source" not in cleared.labels
+    assert "tensor-fusion.ai/defrag-source-since" not in cleared.annotations
