@@ -1,1 +1,4 @@
-"""Pure decision core of tfscheduler: data in, decisions and events out; no I/O, no clock."""
+"""The scheduler's pure decisions: the placement view, quotas, preemption and unschedulable reports.
+
+No I/O, no clock (time arrives as an argument), no asyncio; import-linter enforces it.
+"""

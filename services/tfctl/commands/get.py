@@ -1,0 +1,71 @@
+"""`tfctl get pools|nodes|gpus|allocations [--json]`: what the scheduler's ledger holds, as tables.
+
+Reads the scheduler's HTTP API (`--scheduler-url`, default `$TF_SCHEDULER_URL` or
+http://127.0.0.1:8080). Exit codes: 0 shown, 1 the scheduler did not answer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+import httpx
+from tfcommon.quantities import format_bytes, format_milli
+
+COLUMNS: dict[str, tuple[str, ...]] = {
+    "pools": ("name", "placement_mode", "nodes", "ready_nodes", "gpus", "tflops", "vram"),
+    "nodes": ("name", "pool", "schedulable", "reason", "gpus", "tflops", "vram"),
+    "gpus": ("uuid", "node", "index", "model", "phase", "tflops", "vram"),
+    "allocations": ("id", "namespace", "name", "node", "qos", "state", "gpus"),
+}
+
+
+def scheduler_url(explicit: str | None) -> str:
+    return (explicit or os.environ.get("TF_SCHEDULER_URL") or "http://127.0.0.1:8080").rstrip("/")
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser("get", help="list pools, nodes, GPUs or allocations", description=__doc__)
+    parser.add_argument("kind", choices=tuple(COLUMNS), help=" | ".join(COLUMNS))
+    parser.add_argument("--json", action="store_true", help="print JSON for scripts")
+    parser.add_argument("--scheduler-url", help="scheduler API base URL ($TF_SCHEDULER_URL)")
+    parser.set_defaults(handler=handler)
+
+
+def _cell(row: dict[str, Any], column: str) -> str:
+    if column == "tflops":
+        return f"{format_milli(row['available_tflops_milli'])}/{format_milli(row['capacity_tflops_milli'])}"
+    if column == "vram":
+        return f"{format_bytes(row['available_vram_bytes'])}/{format_bytes(row['capacity_vram_bytes'])}"
+    if column == "gpus" and isinstance(row.get("shares"), list):
+        return ",".join(share["gpu_uuid"] for share in row["shares"])
+    value = row.get(column)
+    return "-" if value is None else str(value)
+
+
+def render_table(kind: str, rows: list[dict[str, Any]]) -> str:
+    """Rows as an aligned text table; TFLOPS and VRAM shown as available/capacity."""
+    headers = [column.upper() for column in COLUMNS[kind]]
+    cells = [[_cell(row, column) for column in COLUMNS[kind]] for row in rows]
+    widths = [max(len(line[i]) for line in [headers, *cells]) for i in range(len(headers))]
+    lines = [
+        "  ".join(value.ljust(width) for value, width in zip(line, widths, strict=True))
+        for line in [headers, *cells]
+    ]
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def handler(args: argparse.Namespace) -> int:
+    url = f"{scheduler_url(args.scheduler_url)}/api/v1/{args.kind}"
+    try:
+        response = httpx.get(url, timeout=10)
+        response.raise_for_status()
+    except httpx.HTTPError as error:
+        print(f"tfctl get: the scheduler at {url} did not answer: {error}", file=sys.stderr)
+        return 1
+    rows = response.json()
+    print(json.dumps(rows, indent=2) if args.json else render_table(args.kind, rows))
+    return 0

@@ -1,0 +1,107 @@
+"""`tfctl submit -f pod.yaml`: admit the pod as the webhook would, then submit it to the scheduler.
+
+The same pure admission as the webhook (`tfwebhook.core.admit`) turns the pod's `tensor-fusion.ai/*`
+annotations into a GPU request; a denied pod is not submitted. The scheduler answers placed (exit 0),
+pending with the reason (exit 0; placed later, when capacity or quota frees), or refused (exit 1).
+Mutating the scheduler needs `TF_API_TOKEN`. Exit 2: the file or the configuration is malformed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+from uuid import uuid4
+
+import httpx
+import yaml
+from tfcommon.config import ConfigError, load_config
+from tfwebhook.core.admission import AdmissionContext, Admitted, admit
+
+from tfctl.commands.get import scheduler_url
+
+EXIT_PLACED, EXIT_REFUSED, EXIT_MALFORMED = 0, 1, 2
+PRIORITY_BY_CLASS = {"tensor-fusion-high": 10_000, "tensor-fusion-critical": 100_000}
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser("submit", help="admit a pod manifest and submit it for placement")
+    parser.add_argument("-f", "--filename", required=True, type=Path, help="Pod YAML or JSON ('-' for stdin)")
+    parser.add_argument("--namespace", default=None, help="namespace when the pod names none (default)")
+    parser.add_argument("--config", type=Path, default=None, help="configuration file ($TF_CONFIG_FILE)")
+    parser.add_argument("--scheduler-url", help="scheduler API base URL ($TF_SCHEDULER_URL)")
+    parser.add_argument("--json", action="store_true", help="print the scheduler's answer as JSON")
+    parser.set_defaults(handler=handler)
+
+
+def _fail(message: str, code: int = EXIT_MALFORMED) -> int:
+    print(f"tfctl submit: {message}", file=sys.stderr)
+    return code
+
+
+def submission_for(pod: dict[str, Any], namespace: str, config_path: Path | None) -> dict[str, Any] | str:
+    """The scheduler submission for `pod`, or why it cannot be submitted."""
+    verdict = admit(pod, AdmissionContext(load_config(config_path), namespace))
+    if not isinstance(verdict, Admitted):
+        return f"denied by admission: {verdict.message}"
+    if verdict.request is None or verdict.workload is None:
+        return "the pod asks for no GPU (no tensor-fusion.ai/* request); nothing to schedule"
+    spec = pod.get("spec") or {}
+    workload = verdict.workload.model_copy(update={"uid": verdict.workload.uid or str(uuid4())})
+    return {
+        "workload": workload.model_dump(mode="json"),
+        "request": verdict.request.model_dump(mode="json"),
+        "priority": PRIORITY_BY_CLASS.get(str(spec.get("priorityClassName", "")), 0),
+        "tolerations": [
+            {key: str(value) for key, value in toleration.items() if key != "tolerationSeconds"}
+            for toleration in spec.get("tolerations") or []
+        ],
+        "node_selector": dict(spec.get("nodeSelector") or {}),
+    }
+
+
+def handler(args: argparse.Namespace) -> int:
+    config_path = args.config or (
+        Path(os.environ["TF_CONFIG_FILE"]) if os.environ.get("TF_CONFIG_FILE") else None
+    )
+    try:
+        text = sys.stdin.read() if str(args.filename) == "-" else args.filename.read_text(encoding="utf-8")
+        pod = yaml.safe_load(text)
+    except OSError as error:
+        return _fail(f"{args.filename}: cannot read: {error.strerror}")
+    except yaml.YAMLError as error:
+        return _fail(f"{args.filename}: not valid YAML or JSON: {error}")
+    if not isinstance(pod, dict) or pod.get("kind") != "Pod":
+        return _fail(f"{args.filename}: expected a manifest with kind: Pod")
+    namespace = args.namespace or (pod.get("metadata") or {}).get("namespace") or "default"
+    try:
+        submission = submission_for(pod, namespace, config_path)
+    except ConfigError as error:
+        return _fail(str(error))
+    if isinstance(submission, str):
+        return _fail(submission, EXIT_REFUSED)
+    token = os.environ.get("TF_API_TOKEN")
+    if not token:
+        return _fail("TF_API_TOKEN is not set; the scheduler requires it to accept workloads")
+    url = f"{scheduler_url(args.scheduler_url)}/api/v1/workloads"
+    try:
+        response = httpx.post(url, json=submission, headers={"Authorization": f"Bearer {token}"}, timeout=30)
+    except httpx.HTTPError as error:
+        return _fail(f"the scheduler at {url} did not answer: {error}", EXIT_REFUSED)
+    body = response.json()
+    if response.status_code >= 400:
+        return _fail(f"refused ({response.status_code}): {body.get('detail', body)}", EXIT_REFUSED)
+    if args.json:
+        print(json.dumps(body, indent=2))
+    elif body["state"] == "placed":
+        print(
+            f"placed {namespace}/{body['workload']['name']} on {body['node']}: {','.join(body['gpu_uuids'])}"
+        )
+        print(f"id: {body['id']}")
+    else:
+        print(f"{body['state']} {namespace}/{body['workload']['name']}: {body.get('reason')}")
+        print(f"id: {body['id']}")
+    return EXIT_PLACED

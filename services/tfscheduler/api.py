@@ -1,0 +1,162 @@
+"""The scheduler's HTTP API (`/api/v1`): reads of pools, nodes, GPUs and allocations; submitting,
+deleting and simulating workloads. Mutating endpoints need `Authorization: Bearer <TF_API_TOKEN>`;
+with no token configured they are refused. Thin: every decision is the `Scheduler`'s.
+"""
+
+from __future__ import annotations
+
+import hmac
+from typing import Annotated, Any
+from uuid import UUID, uuid4
+
+from fastapi import APIRouter, Depends, Header, HTTPException, Response
+from pydantic import SecretStr
+from tfcommon.placement import PlacementRequestError
+
+from tfscheduler.engine import Scheduler, placement_mode
+from tfscheduler.submission import Submission, WorkloadStatus
+
+
+def build_router(scheduler: Scheduler, api_token: SecretStr | None) -> APIRouter:
+    """The `/api/v1` routes over `scheduler`."""
+    router = APIRouter(prefix="/api/v1", tags=["scheduler"])
+
+    def require_token(authorization: Annotated[str | None, Header()] = None) -> None:
+        if api_token is None:
+            raise HTTPException(
+                403,
+                "mutating endpoints are disabled: set TF_API_TOKEN on the scheduler and send it as a "
+                "bearer token (tfctl reads the same TF_API_TOKEN)",
+            )
+        expected = f"Bearer {api_token.get_secret_value()}".encode()
+        if authorization is None or not hmac.compare_digest(authorization.encode(), expected):
+            raise HTTPException(
+                401, "missing or wrong bearer token: send `Authorization: Bearer <TF_API_TOKEN>`"
+            )
+
+    authorized = [Depends(require_token)]
+
+    @router.get("/pools")
+    async def pools() -> list[dict[str, Any]]:
+        gpus = await scheduler.ledger.list_gpus()
+        nodes = await scheduler.ledger.list_nodes()
+        pool_of = {node.name: node.pool for node in nodes}
+        result = []
+        for pool in await scheduler.ledger.list_pools():
+            members = [gpu for gpu in gpus if pool_of.get(gpu.node) == pool.name]
+            result.append(
+                {
+                    "name": pool.name,
+                    "placement_mode": placement_mode(scheduler.config, pool.name),
+                    "nodes": sum(1 for node in nodes if node.pool == pool.name),
+                    "ready_nodes": sum(
+                        1 for node in nodes if node.pool == pool.name and node.name not in scheduler.blocked
+                    ),
+                    "gpus": len(members),
+                    **_totals(members),
+                }
+            )
+        return result
+
+    @router.get("/nodes")
+    async def nodes() -> list[dict[str, Any]]:
+        gpus = await scheduler.ledger.list_gpus()
+        return [
+            {
+                "name": node.name,
+                "pool": node.pool,
+                "schedulable": node.name not in scheduler.blocked,
+                "reason": scheduler.blocked.get(node.name),
+                "cordoned": node.cordoned,
+                "last_heartbeat_at": node.last_heartbeat_at,
+                "gpus": sum(1 for gpu in gpus if gpu.node == node.name),
+                **_totals([gpu for gpu in gpus if gpu.node == node.name]),
+            }
+            for node in await scheduler.ledger.list_nodes()
+        ]
+
+    @router.get("/gpus")
+    async def gpus() -> list[dict[str, Any]]:
+        return [
+            {
+                "uuid": gpu.uuid,
+                "node": gpu.node,
+                "index": gpu.index,
+                "model": gpu.model,
+                "phase": gpu.phase,
+                **_totals([gpu]),
+            }
+            for gpu in await scheduler.ledger.list_gpus()
+        ]
+
+    @router.get("/allocations")
+    async def allocations() -> list[dict[str, Any]]:
+        return [
+            {
+                "id": str(record.allocation_id),
+                "namespace": record.workload.namespace,
+                "name": record.workload.name,
+                "uid": record.workload.uid,
+                "pool": record.pool,
+                "node": record.node,
+                "qos": record.qos,
+                "state": record.state,
+                "created_at": record.created_at,
+                "shares": [
+                    {"gpu_uuid": s.gpu_uuid, "tflops_milli": s.tflops_milli, "vram_bytes": s.vram_bytes}
+                    for s in record.shares
+                ],
+            }
+            for record in await scheduler.ledger.active_allocations()
+        ]
+
+    @router.post("/workloads", dependencies=authorized, status_code=201)
+    async def submit(submission: Submission, response: Response) -> WorkloadStatus:
+        if submission.workload.uid is None:
+            submission = submission.model_copy(
+                update={"workload": submission.workload.model_copy(update={"uid": str(uuid4())})}
+            )
+        status = await scheduler.submit(submission)
+        if status.state == "refused":
+            raise HTTPException(422, f"workload refused: {status.reason}")
+        if status.state != "placed":
+            response.status_code = 202
+        return status
+
+    @router.get("/workloads/{workload_id}")
+    async def get_workload(workload_id: UUID) -> WorkloadStatus:
+        status = await scheduler.status(workload_id)
+        if status is None:
+            raise HTTPException(
+                404, f"no workload with id {workload_id}; ids come from POST /api/v1/workloads"
+            )
+        return status
+
+    @router.delete("/workloads/{workload_id}", dependencies=authorized)
+    async def delete(workload_id: UUID) -> dict[str, Any]:
+        if await scheduler.status(workload_id) is None:
+            raise HTTPException(
+                404, f"no workload with id {workload_id}; ids come from POST /api/v1/workloads"
+            )
+        released = await scheduler.release(workload_id, "workload-deleted")
+        return {"id": str(workload_id), "released": released}
+
+    @router.post("/simulate-schedule")
+    async def simulate(submission: Submission) -> dict[str, Any]:
+        try:
+            return scheduler.simulate(submission)
+        except PlacementRequestError as error:
+            raise HTTPException(422, str(error)) from error
+
+    return router
+
+
+def _totals(gpus: list[Any]) -> dict[str, int]:
+    capacity_tflops = sum(gpu.capacity_tflops_milli for gpu in gpus)
+    capacity_vram = sum(gpu.capacity_vram_bytes for gpu in gpus)
+    return {
+        "capacity_tflops_milli": capacity_tflops,
+        "capacity_vram_bytes": capacity_vram,
+        "available_tflops_milli": capacity_tflops - sum(gpu.used_tflops_milli for gpu in gpus),
+        "available_vram_bytes": capacity_vram - sum(gpu.used_vram_bytes for gpu in gpus),
+    }

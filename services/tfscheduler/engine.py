@@ -1,0 +1,581 @@
+"""The scheduler's I/O shell: keeps the placement view, places, reserves in the ledger, releases.
+
+One `Scheduler` per process. Decisions come from `tfcommon.placement` and `tfscheduler.core`; this
+module loads ledger state, writes reservations (the database refuses over-allocation, so several
+scheduler processes stay correct: a refused reservation refreshes the node and places again) and
+publishes the scheduler's own events. Allocation events go out through the ledger outbox.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime, timedelta
+from uuid import UUID, uuid4, uuid5
+
+import sqlalchemy as sa
+from sqlalchemy.exc import IntegrityError
+from tfcommon.bus import EventBus
+from tfcommon.config import TfConfig
+from tfcommon.events import GpuRequest, PodEvicted, WorkloadRef
+from tfcommon.ledger import tables
+from tfcommon.ledger.records import (
+    AllocationRecord,
+    GpuRecord,
+    InsufficientCapacity,
+    NodeRecord,
+    ReservationRejected,
+    ReservationRequest,
+    ReservationResult,
+    Reserved,
+    ShareRequest,
+)
+from tfcommon.ledger.sql import SqlLedger
+from tfcommon.placement import (
+    DEFAULT_POLICY,
+    ClusterView,
+    Placement,
+    PlacementRequest,
+    PlacementRequestError,
+    Profile,
+    Rejection,
+    evaluate,
+    place,
+    policy,
+)
+
+from tfscheduler.core.preemption import Candidate, NoPreemption, Priority, plan_preemption
+from tfscheduler.core.quota import (
+    NamespaceQuota,
+    Usage,
+    check_single,
+    check_total,
+    demand_of,
+    usage_by_namespace,
+    with_defaults,
+)
+from tfscheduler.core.reports import unschedulable_event, unschedulable_summary
+from tfscheduler.core.view import (
+    allocation_id_for,
+    build_snapshot,
+    node_block_reason,
+    placement_of,
+    placement_request,
+)
+from tfscheduler.submission import Submission, WorkloadStatus
+from tfscheduler.workloads import StoredWorkload, WorkloadStore
+
+log = logging.getLogger("tfscheduler")
+MAX_PLACE_ATTEMPTS = 8
+MIN_FULL_REFRESH_INTERVAL_S = 1.0
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass(frozen=True)
+class Active:
+    """An active allocation as the scheduler knows it, with what preemption needs."""
+
+    record: AllocationRecord
+    priority: Priority
+    protected_until: datetime | None
+
+
+def placement_mode(config: TfConfig, pool: str) -> str:
+    """The pool's placement mode: `placement.mode` in its GPUPool spec, else our default policy."""
+    pool_config = config.pool(pool)
+    extra = (pool_config.spec_template.model_extra or {}) if pool_config else {}
+    placement = extra.get("placement") or {}
+    mode = placement.get("mode") if isinstance(placement, Mapping) else None
+    return str(mode) if mode else DEFAULT_POLICY
+
+
+class Scheduler:
+    """Places submitted workloads. Every public coroutine is safe to call concurrently."""
+
+    def __init__(
+        self,
+        ledger: SqlLedger,
+        bus: EventBus,
+        *,
+        config: TfConfig | None = None,
+        quotas: Mapping[str, NamespaceQuota] | None = None,
+        heartbeat_timeout: timedelta | None = None,
+        clock: Callable[[], datetime] = utc_now,
+        name: str = "scheduler",
+    ) -> None:
+        self.ledger = ledger
+        self.bus = bus
+        self.store = WorkloadStore(ledger.engine)
+        self.config = config or TfConfig()
+        self.quotas: dict[str, NamespaceQuota] = dict(quotas or {})
+        self.heartbeat_timeout = heartbeat_timeout
+        self.clock = clock
+        self.name = name
+        self.view = ClusterView()
+        self.blocked: dict[str, str] = {}
+        self.heartbeat_intervals_ms: dict[str, int] = {}
+        self.active: dict[UUID, Active] = {}
+        self.capacity_freed = asyncio.Event()
+        self._lock = asyncio.Lock()
+        self._profiles: dict[str, Profile] = {}
+        self._last_full_refresh = 0.0
+
+    # ------------------------------------------------------------------------------ state loading
+
+    def profile(self, pool: str) -> Profile:
+        mode = placement_mode(self.config, pool)
+        if mode not in self._profiles:
+            self._profiles[mode] = policy(mode)
+        return self._profiles[mode]
+
+    async def start(self) -> None:
+        """Rebuild the in-memory view from the ledger (at start, and as a periodic safety net)."""
+        async with self._lock:
+            await self._full_refresh()
+
+    async def _full_refresh(self) -> None:
+        nodes = await self.ledger.list_nodes()
+        gpus = await self.ledger.list_gpus()
+        allocations = await self.ledger.active_allocations()
+        stored = await self.store.by_ids([a.allocation_id for a in allocations])
+        now = self.clock()
+        snapshot = build_snapshot(
+            nodes,
+            gpus,
+            allocations,
+            now,
+            heartbeat_intervals_ms=self.heartbeat_intervals_ms,
+            heartbeat_timeout=self.heartbeat_timeout,
+        )
+        self.view = ClusterView(snapshot.nodes.values())
+        self.blocked = dict(snapshot.blocked)
+        self.active = {a.allocation_id: self._active(a, stored.get(a.allocation_id)) for a in allocations}
+        self._last_full_refresh = asyncio.get_running_loop().time()
+
+    def _active(self, record: AllocationRecord, stored: StoredWorkload | None) -> Active:
+        if stored is None:
+            return Active(record, Priority.of(0, record.qos), None)
+        submission = stored.submission
+        protection = submission.eviction_protection_s
+        until = record.created_at + timedelta(seconds=protection) if protection else None
+        return Active(record, Priority.of(submission.priority, submission.request.qos), until)
+
+    async def _rebuild_node(self, name: str) -> None:
+        async with self.ledger.engine.connect() as connection:
+            node_row = (
+                await connection.execute(sa.select(tables.node).where(tables.node.c.name == name))
+            ).first()
+            gpu_rows = (
+                await connection.execute(sa.select(tables.gpu).where(tables.gpu.c.node_name == name))
+            ).all()
+        if node_row is None:
+            self.view.remove(name)
+            self.blocked.pop(name, None)
+            return
+        node = _node_record(node_row)
+        gpus = [_gpu_record(row) for row in gpu_rows]
+        allocations = [a.record for a in self.active.values() if a.record.node == name]
+        snapshot = build_snapshot(
+            [node],
+            gpus,
+            allocations,
+            self.clock(),
+            heartbeat_intervals_ms=self.heartbeat_intervals_ms,
+            heartbeat_timeout=self.heartbeat_timeout,
+        )
+        self.view.upsert(snapshot.nodes[name])
+        self.blocked.pop(name, None)
+        self.blocked.update(snapshot.blocked)
+
+    async def node_changed(self, name: str) -> None:
+        """The node's inventory or state changed in the ledger: rebuild it, then retry pending work."""
+        async with self._lock:
+            await self._rebuild_node(name)
+        self.capacity_freed.set()
+
+    def heartbeat(self, node: str, interval_ms: int) -> None:
+        self.heartbeat_intervals_ms[node] = interval_ms
+
+    async def recheck_nodes(self) -> None:
+        """Re-read node flags and heartbeats from the ledger; block or unblock nodes whose state changed."""
+        nodes = await self.ledger.list_nodes()
+        now = self.clock()
+        unblocked = False
+        async with self._lock:
+            for node in nodes:
+                reason = node_block_reason(
+                    node,
+                    now,
+                    heartbeat_interval_ms=self.heartbeat_intervals_ms.get(node.name, 5_000),
+                    heartbeat_timeout=self.heartbeat_timeout,
+                )
+                current = self.view.nodes.get(node.name)
+                if current is None:
+                    await self._rebuild_node(node.name)
+                    unblocked = True
+                    continue
+                if reason == self.blocked.get(node.name):
+                    continue
+                if reason is None:
+                    self.blocked.pop(node.name)
+                    unblocked = True
+                else:
+                    self.blocked[node.name] = reason
+                self.view.upsert(replace(current, cordoned=reason is not None))
+        if unblocked:
+            self.capacity_freed.set()
+
+    # ---------------------------------------------------------------------------------- placing
+
+    async def submit(self, submission: Submission, *, cause: UUID | None = None) -> WorkloadStatus:
+        """Place `submission` now, or record it as pending with the reason. Idempotent per workload."""
+        allocation_id = allocation_id_for(submission.workload)
+        stored = await self.store.insert(allocation_id, submission, self.clock())
+        if stored.state != "pending":
+            return await self.status(allocation_id) or _status(stored)
+        async with self._lock:
+            return await self._try_place(stored, cause=cause)
+
+    async def retry_pending(self) -> int:
+        """Try every pending workload again (highest priority first); returns how many were placed."""
+        placed = 0
+        for stored in await self.store.pending():
+            async with self._lock:
+                status = await self._try_place(stored, cause=None, announce=False)
+            placed += status.state == "placed"
+        return placed
+
+    async def _try_place(
+        self, stored: StoredWorkload, *, cause: UUID | None, announce: bool = True
+    ) -> WorkloadStatus:
+        submission = stored.submission
+        workload = submission.workload
+        namespace = workload.namespace
+        quota = self.quotas.get(namespace)
+        request = with_defaults(quota, submission.request)
+        refusal = check_single(quota, request)
+        if refusal is not None:
+            return await self._refuse(stored, refusal.reason, cause)
+        try:
+            wanted = placement_request(
+                f"{namespace}/{workload.name}",
+                request,
+                tolerations=submission.tolerations,
+                node_selector=submission.node_selector,
+            )
+        except PlacementRequestError as error:
+            return await self._refuse(stored, str(error), cause)
+        profile = self.profile(request.pool)
+        priority = Priority.of(submission.priority, request.qos)
+        refreshed = False
+        for _attempt in range(MAX_PLACE_ATTEMPTS):
+            outcome = place(wanted, self.view, profile)
+            if isinstance(outcome, Rejection):
+                if not refreshed and self._may_full_refresh():
+                    await self._full_refresh()
+                    refreshed = True
+                    continue
+                plan = plan_preemption(
+                    wanted, priority, self.view.nodes, self._candidates(priority), profile, self.clock()
+                )
+                if isinstance(plan, NoPreemption):
+                    summary = unschedulable_summary(outcome, self.blocked, preemption_reason=plan.reason)
+                    return await self._wait(stored, summary, outcome, cause, announce)
+                for victim in plan.victims:
+                    await self._evict(victim, workload)
+                continue
+            used = usage_by_namespace(a.record for a in self.active.values()).get(namespace, Usage())
+            over = check_total(quota, used, demand_of(outcome, request))
+            if over is not None:
+                return await self._wait(stored, over.reason, None, cause, announce)
+            result = await self._reserve(
+                _reservation(stored.allocation_id, submission, request, outcome, cause)
+            )
+            if isinstance(result, Reserved):
+                return await self._placed(stored, result, outcome)
+            if isinstance(result, InsufficientCapacity | ReservationRejected):
+                await self._rebuild_node(outcome.node)
+                continue
+        return await self._wait(
+            stored, "placement kept conflicting with other schedulers; will retry", None, cause, announce
+        )
+
+    async def _reserve(self, reservation: ReservationRequest) -> ReservationResult:
+        try:
+            return await self.ledger.reserve(reservation)
+        except IntegrityError:
+            # Another scheduler reserved this workload on other GPUs at the same moment and committed
+            # first; its outbox row (same event id) refused ours. The workload holds one allocation.
+            existing = await self.ledger.get_allocation(reservation.allocation_id)
+            if existing is None:
+                raise
+            return Reserved(allocation=existing, replayed=True)
+
+    def _may_full_refresh(self) -> bool:
+        return asyncio.get_running_loop().time() - self._last_full_refresh >= MIN_FULL_REFRESH_INTERVAL_S
+
+    def _candidates(self, below: Priority) -> list[Candidate]:
+        candidates = []
+        for active in self.active.values():
+            if active.priority >= below:
+                continue
+            node = self.view.nodes.get(active.record.node)
+            if node is None:
+                continue
+            candidates.append(
+                Candidate(
+                    allocation_id=active.record.allocation_id,
+                    workload=active.record.workload,
+                    priority=active.priority,
+                    created_at=active.record.created_at,
+                    holding=placement_of(active.record, node),
+                    protected_until=active.protected_until,
+                )
+            )
+        return candidates
+
+    async def _placed(self, stored: StoredWorkload, result: Reserved, outcome: Placement) -> WorkloadStatus:
+        record = result.allocation
+        now = self.clock()
+        if record.state == "released":
+            await self.store.set_state(stored.allocation_id, "ended", record.release_reason, now)
+            return await self._status_of(stored.allocation_id)
+        if result.replayed:
+            await self._rebuild_node(record.node)
+        else:
+            self.view.apply(outcome)
+        await self.ledger.commit(record.allocation_id)
+        self.active[record.allocation_id] = self._active(record, stored)
+        await self.store.set_state(stored.allocation_id, "placed", None, now)
+        return WorkloadStatus(
+            id=stored.allocation_id,
+            workload=record.workload,
+            state="placed",
+            node=record.node,
+            gpu_uuids=tuple(share.gpu_uuid for share in record.shares),
+        )
+
+    async def _refuse(self, stored: StoredWorkload, reason: str, cause: UUID | None) -> WorkloadStatus:
+        await self.store.set_state(stored.allocation_id, "refused", reason, self.clock())
+        await self._announce(stored, reason, None, cause)
+        return _status(replace(stored, state="refused", reason=reason))
+
+    async def _wait(
+        self,
+        stored: StoredWorkload,
+        reason: str,
+        rejection: Rejection | None,
+        cause: UUID | None,
+        announce: bool,
+    ) -> WorkloadStatus:
+        existing = await self.ledger.get_allocation(stored.allocation_id)
+        if existing is not None:
+            # Another scheduler placed (or ended) this workload meanwhile; report what the ledger holds.
+            return await self._status_of(stored.allocation_id)
+        moved = await self.store.set_state(
+            stored.allocation_id, "pending", reason, self.clock(), only_from=("pending",)
+        )
+        if not moved:
+            return await self._status_of(stored.allocation_id)
+        if announce or stored.reason != reason:
+            await self._announce(stored, reason, rejection, cause)
+        return _status(replace(stored, state="pending", reason=reason))
+
+    async def _announce(
+        self, stored: StoredWorkload, reason: str, rejection: Rejection | None, cause: UUID | None
+    ) -> None:
+        event = unschedulable_event(
+            stored.submission.workload,
+            stored.submission.request.pool,
+            reason,
+            rejection,
+            attempt=uuid4(),
+            now=self.clock(),
+            cause=cause,
+        )
+        await self.bus.publish(event)
+
+    async def _evict(self, victim: Candidate, preemptor: WorkloadRef) -> None:
+        """Local eviction: release the victim as evicted and queue its replacement (the local controller)."""
+        allocation_id = UUID(str(victim.allocation_id))
+        reason = f"preempted by {preemptor.namespace}/{preemptor.name}"
+        if await self.ledger.release(allocation_id, reason, evicted=True):
+            node = self.view.nodes.get(victim.node)
+            if node is not None:
+                self.view.release(victim.holding)
+        self.active.pop(allocation_id, None)
+        now = self.clock()
+        await self.store.set_state(allocation_id, "evicted", reason, now)
+        await self.bus.publish(
+            PodEvicted(
+                event_id=uuid5(allocation_id, "evicted"),
+                occurred_at=now,
+                workload=victim.workload,
+                node=victim.node,
+                pool=self.view.nodes[victim.node].pool if victim.node in self.view.nodes else "default",
+                by="preemption",
+                reason=reason,
+                allocation_id=allocation_id,
+                preemptor=preemptor,
+            )
+        )
+        stored = await self.store.get(allocation_id)
+        if stored is not None:
+            old = stored.submission.workload
+            replacement = stored.submission.model_copy(
+                update={"workload": old.model_copy(update={"uid": str(uuid5(allocation_id, "replacement"))})}
+            )
+            await self.store.insert(allocation_id_for(replacement.workload), replacement, now)
+
+    # ---------------------------------------------------------------------------------- release
+
+    async def release(self, allocation_id: UUID, reason: str, *, cause: UUID | None = None) -> bool:
+        """End the workload: close its allocation once (True the one time it is closed) or drop it from
+        the pending queue. Redelivered or concurrent calls change nothing more."""
+        async with self._lock:
+            released = await self.ledger.release(allocation_id, reason, cause)
+            active = self.active.pop(allocation_id, None)
+            if released:
+                node = self.view.nodes.get(active.record.node) if active else None
+                if active is not None and node is not None:
+                    self.view.release(placement_of(active.record, node))
+                else:
+                    record = await self.ledger.get_allocation(allocation_id)
+                    if record is not None:
+                        await self._rebuild_node(record.node)
+            stored = await self.store.get(allocation_id)
+            if stored is not None and stored.state in ("pending", "placed"):
+                await self.store.set_state(allocation_id, "ended", reason, self.clock())
+        if released:
+            self.capacity_freed.set()
+        return released
+
+    # ------------------------------------------------------------------------------------ reads
+
+    async def status(self, allocation_id: UUID) -> WorkloadStatus | None:
+        stored = await self.store.get(allocation_id)
+        return None if stored is None else await self._status_of(allocation_id)
+
+    async def _status_of(self, allocation_id: UUID) -> WorkloadStatus:
+        stored = await self.store.get(allocation_id)
+        assert stored is not None
+        if stored.state == "placed":
+            record = await self.ledger.get_allocation(allocation_id)
+            if record is not None:
+                return WorkloadStatus(
+                    id=allocation_id,
+                    workload=record.workload,
+                    state="placed",
+                    node=record.node,
+                    gpu_uuids=tuple(share.gpu_uuid for share in record.shares),
+                )
+        return _status(stored)
+
+    def simulate(self, submission: Submission) -> dict[str, object]:
+        """Where the workload would go now and why every other node does not fit; changes nothing."""
+        quota = self.quotas.get(submission.workload.namespace)
+        request = with_defaults(quota, submission.request)
+        wanted: PlacementRequest = placement_request(
+            f"{submission.workload.namespace}/{submission.workload.name}",
+            request,
+            tolerations=submission.tolerations,
+            node_selector=submission.node_selector,
+        )
+        profile = self.profile(request.pool)
+        outcome = place(wanted, self.view, profile)
+        nodes: dict[str, object] = {}
+        for name in sorted(self.view.nodes):
+            if name in self.blocked:
+                nodes[name] = {"fits": False, "reason": self.blocked[name]}
+                continue
+            verdict = evaluate(profile, wanted, self.view.nodes[name])
+            nodes[name] = (
+                {"fits": False, "reason": verdict}
+                if isinstance(verdict, str)
+                else {"fits": True, "score": round(verdict.score, 3)}
+            )
+        single = check_single(quota, request)
+        result: dict[str, object] = {"policy": profile.name, "nodes": nodes}
+        if single is not None:
+            result.update(placed=False, summary=single.reason)
+        elif isinstance(outcome, Placement):
+            result.update(
+                placed=True, node=outcome.node, gpu_uuids=list(outcome.gpu_uuids), score=outcome.score
+            )
+        else:
+            result.update(placed=False, summary=unschedulable_summary(outcome, self.blocked))
+        return result
+
+
+def _status(stored: StoredWorkload) -> WorkloadStatus:
+    return WorkloadStatus(
+        id=stored.allocation_id, workload=stored.submission.workload, state=stored.state, reason=stored.reason
+    )
+
+
+def _reservation(
+    allocation_id: UUID,
+    submission: Submission,
+    gpu_request: GpuRequest,
+    outcome: Placement,
+    cause: UUID | None,
+) -> ReservationRequest:
+    return ReservationRequest(
+        allocation_id=allocation_id,
+        workload=submission.workload,
+        pool=submission.request.pool,
+        node=outcome.node,
+        shares=tuple(
+            ShareRequest(
+                gpu_uuid=gpu_uuid,
+                tflops_milli=tflops,
+                vram_bytes=vram,
+                limit_tflops_milli=max(gpu_request.tflops_limit_milli, tflops),
+                limit_vram_bytes=max(gpu_request.vram_limit_bytes, vram),
+            )
+            for gpu_uuid, tflops, vram in zip(
+                outcome.gpu_uuids, outcome.tflops_milli, outcome.vram_bytes, strict=True
+            )
+        ),
+        qos=submission.request.qos,
+        isolation=submission.request.isolation,
+        cause=cause,
+        eviction_protection_s=submission.eviction_protection_s or None,
+    )
+
+
+def _node_record(row: sa.Row[object]) -> NodeRecord:
+    return NodeRecord(
+        name=row.name,
+        pool=row.pool_name,
+        labels=row.labels,
+        taints=row.taints,
+        annotations=row.annotations,
+        cpu_allocatable_milli=row.cpu_allocatable_milli,
+        memory_allocatable_bytes=row.memory_allocatable_bytes,
+        cordoned=row.cordoned,
+        ready=row.ready,
+        last_heartbeat_at=row.last_heartbeat_at,
+    )
+
+
+def _gpu_record(row: sa.Row[object]) -> GpuRecord:
+    return GpuRecord(
+        uuid=row.uuid,
+        node=row.node_name,
+        index=row._mapping["index"],
+        model=row.model,
+        vendor=row.vendor,
+        capacity_tflops_milli=row.capacity_tflops_milli,
+        capacity_vram_bytes=row.capacity_vram_bytes,
+        used_tflops_milli=row.used_tflops_milli,
+        used_vram_bytes=row.used_vram_bytes,
+        phase=row.phase,
+        numa_node=row.numa_node,
+        version=row.version,
+    )

@@ -1,0 +1,139 @@
+"""The scheduler's workload table (`scheduler_workload`, revision 0003): submissions and their state.
+
+Only the scheduler writes it. Inserting is idempotent per allocation id; pending rows are what the
+scheduler retries when capacity or quota frees. This module does SQL only; decisions live elsewhere.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import JSONB, insert
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from tfscheduler.core.preemption import QOS_RANK
+from tfscheduler.submission import Submission, WorkloadState
+
+metadata = sa.MetaData()
+scheduler_workload = sa.Table(
+    "scheduler_workload",
+    metadata,
+    sa.Column("allocation_id", sa.Uuid(), primary_key=True),
+    sa.Column("namespace", sa.Text(), nullable=False),
+    sa.Column("name", sa.Text(), nullable=False),
+    sa.Column("uid", sa.Text(), nullable=True),
+    sa.Column("submission", JSONB(), nullable=False),
+    sa.Column("priority", sa.Integer(), nullable=False),
+    sa.Column("qos_rank", sa.Integer(), nullable=False),
+    sa.Column("state", sa.Text(), nullable=False),
+    sa.Column("reason", sa.Text(), nullable=True),
+    sa.Column("submitted_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
+)
+
+
+@dataclass(frozen=True)
+class StoredWorkload:
+    allocation_id: UUID
+    submission: Submission
+    state: WorkloadState
+    reason: str | None
+    submitted_at: datetime
+
+
+def _stored(row: Any) -> StoredWorkload:
+    return StoredWorkload(
+        allocation_id=row.allocation_id,
+        submission=Submission.model_validate(row.submission),
+        state=row.state,
+        reason=row.reason,
+        submitted_at=row.submitted_at,
+    )
+
+
+class WorkloadStore:
+    """Submitted workloads in the ledger database. Safe to use from several scheduler processes."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self.engine = engine
+
+    async def insert(self, allocation_id: UUID, submission: Submission, now: datetime) -> StoredWorkload:
+        """Record a new submission as pending; an existing row is returned unchanged."""
+        statement = (
+            insert(scheduler_workload)
+            .values(
+                allocation_id=allocation_id,
+                namespace=submission.workload.namespace,
+                name=submission.workload.name,
+                uid=submission.workload.uid,
+                submission=submission.model_dump(mode="json"),
+                priority=submission.priority,
+                qos_rank=QOS_RANK[submission.request.qos],
+                state="pending",
+                submitted_at=now,
+                updated_at=now,
+            )
+            .on_conflict_do_nothing(index_elements=["allocation_id"])
+        )
+        async with self.engine.begin() as connection:
+            await connection.execute(statement)
+            row = (
+                await connection.execute(
+                    sa.select(scheduler_workload).where(scheduler_workload.c.allocation_id == allocation_id)
+                )
+            ).one()
+            return _stored(row)
+
+    async def get(self, allocation_id: UUID) -> StoredWorkload | None:
+        async with self.engine.connect() as connection:
+            row = (
+                await connection.execute(
+                    sa.select(scheduler_workload).where(scheduler_workload.c.allocation_id == allocation_id)
+                )
+            ).first()
+            return None if row is None else _stored(row)
+
+    async def set_state(
+        self,
+        allocation_id: UUID,
+        state: WorkloadState,
+        reason: str | None,
+        now: datetime,
+        *,
+        only_from: tuple[WorkloadState, ...] | None = None,
+    ) -> bool:
+        """Move the workload to `state`; with `only_from`, only if it is in one of those states now."""
+        statement = sa.update(scheduler_workload).where(scheduler_workload.c.allocation_id == allocation_id)
+        if only_from is not None:
+            statement = statement.where(scheduler_workload.c.state.in_(only_from))
+        async with self.engine.begin() as connection:
+            result = await connection.execute(
+                statement.values(state=state, reason=reason, updated_at=now).returning(
+                    scheduler_workload.c.allocation_id
+                )
+            )
+            return result.first() is not None
+
+    async def pending(self) -> list[StoredWorkload]:
+        """Pending workloads, highest priority first, then the oldest."""
+        table = scheduler_workload.c
+        async with self.engine.connect() as connection:
+            rows = await connection.execute(
+                sa.select(scheduler_workload)
+                .where(table.state == "pending")
+                .order_by(table.priority.desc(), table.qos_rank.desc(), table.submitted_at)
+            )
+            return [_stored(row) for row in rows]
+
+    async def by_ids(self, allocation_ids: list[UUID]) -> dict[UUID, StoredWorkload]:
+        if not allocation_ids:
+            return {}
+        async with self.engine.connect() as connection:
+            rows = await connection.execute(
+                sa.select(scheduler_workload).where(scheduler_workload.c.allocation_id.in_(allocation_ids))
+            )
+            return {row.allocation_id: _stored(row) for row in rows}
