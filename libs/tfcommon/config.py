@@ -23,7 +23,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 LOG = logging.getLogger(__name__)
 
 DEFAULT_NATIVE_GPU_RESOURCES: tuple[str, ...] = ("nvidia.com/gpu", "amd.com/gpu")
-DEFAULT_DEVICE_PLUGIN_RESOURCE = "tensor-fusion.ai/gpu-slot"
 _LABEL_VALUE = re.compile(r"^(?:[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)$")
 _RESOURCE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 
@@ -161,7 +160,6 @@ class GpuPoolConfig(_Strict):
 class WebhookConfig(_Strict):
     """Settings of the admission webhook that have no TensorFusion equivalent."""
 
-    device_plugin_resource: str = Field(default=DEFAULT_DEVICE_PLUGIN_RESOURCE, alias="devicePluginResource")
     takeover_full_cache_seconds: float = Field(default=2.0, ge=0, le=300, alias="takeoverFullCacheSeconds")
 
 

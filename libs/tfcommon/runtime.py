@@ -50,6 +50,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import NullPool
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from tfcommon import subjects
 from tfcommon.bus import NatsEventBus
@@ -90,12 +91,15 @@ class Components:
 
     `routers` are mounted on the service's FastAPI app. `tasks` maps a short name (used in logs) to a
     coroutine function started after the server listens; each must return promptly once
-    `context.stopping` is set. `readiness` maps a name to an extra `/readyz` check.
+    `context.stopping` is set. `readiness` maps a name to an extra `/readyz` check. `front_routes`
+    maps `(method, path)` to a raw ASGI handler served ahead of FastAPI and its middleware (hot paths;
+    see `with_front_routes`).
     """
 
     routers: Sequence[APIRouter] = ()
     tasks: Mapping[str, BackgroundTask] = field(default_factory=dict)
     readiness: Mapping[str, ReadinessCheck] = field(default_factory=dict)
+    front_routes: Mapping[tuple[str, str], ASGIApp] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -226,6 +230,24 @@ def build_app(
     for router in routers:
         app.include_router(router)
     return app
+
+
+def with_front_routes(app: ASGIApp, routes: Mapping[tuple[str, str], ASGIApp]) -> ASGIApp:
+    """`app` behind a dispatcher that hands an HTTP request matching `(method, path)` exactly to its
+    raw handler, skipping the app's middleware stack and routing; everything else goes to `app`."""
+    if not routes:
+        return app
+    table = dict(routes)
+
+    async def dispatch(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            handler = table.get((scope["method"], scope["path"]))
+            if handler is not None:
+                await handler(scope, receive, send)
+                return
+        await app(scope, receive, send)
+
+    return dispatch
 
 
 class _Server(uvicorn.Server):
@@ -369,7 +391,7 @@ async def serve(spec: ServiceSpec[SettingsT], *, stop: asyncio.Event) -> None:
         }
         app = build_app(spec.name, components.routers, checks)
         config = uvicorn.Config(
-            app,
+            with_front_routes(app, components.front_routes),
             host=spec.bind_host,
             port=spec.port,
             log_config=None,

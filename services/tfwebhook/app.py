@@ -3,16 +3,21 @@
 Only wiring lives here: `compose` plugs the admission router and its tasks into the shared runtime
 (`tfcommon.runtime`); admission decisions live in `tfwebhook.core`. The server always speaks HTTPS:
 with `TF_TLS_CERT_FILE` / `TF_TLS_KEY_FILE` when given, else with a self-signed pair generated once
-under `<state dir>/certs/`. Nothing is built at import time.
+under `<state dir>/certs/`. In a Kubernetes cluster (`KUBERNETES_SERVICE_HOST` or `KUBECONFIG` set)
+namespace labels for `namespaceSelector` scopes are read from the API server; locally namespaces have
+no labels. Nothing is built at import time.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Awaitable, Callable
+from contextlib import AsyncExitStack
 from pathlib import Path
 
 from tfcommon.config import ConfigError, ConfigSource
+from tfcommon.ledger.recommendations import RecommendationCache, RecommendationStore
 from tfcommon.ledger.takeover import TakeoverGate, TakeoverLedger
 from tfcommon.runtime import (
     BackgroundTask,
@@ -25,14 +30,36 @@ from tfcommon.runtime import (
 from tfcommon.settings import WebhookSettings
 from tfcommon.tls import TlsFiles, ensure_self_signed
 
-from tfwebhook.http import AdmissionService, CertificateReloader, build_router
+from tfwebhook.http import (
+    AdmissionService,
+    CertificateReloader,
+    NamespaceLabels,
+    build_router,
+    front_routes,
+)
+from tfwebhook.namespaces import NamespaceLabelCache, local_namespace_labels
+from tfwebhook.pod_index import SequencePodIndices
+from tfwebhook.recommendations import refresh_recommendations
 
 SERVICE = "webhook"
 DEFAULT_STATE_DIR = Path(".tf")
+NAMESPACE_LABELS_TTL_S = 10.0
+
+
+def namespace_labels(cleanup: AsyncExitStack) -> NamespaceLabels:
+    """Namespace labels from the API server (cached) in a cluster; none in local mode."""
+    if not (os.environ.get("KUBERNETES_SERVICE_HOST") or os.environ.get("KUBECONFIG")):
+        return local_namespace_labels
+    from tfcommon.cluster.kubernetes import KubernetesCluster
+
+    cluster = KubernetesCluster.from_environment()
+    cleanup.callback(cluster.close)
+    return NamespaceLabelCache(cluster.get_namespace, ttl_s=NAMESPACE_LABELS_TTL_S)
 
 
 def composer(tls: TlsFiles) -> Callable[[ServiceContext[WebhookSettings]], Awaitable[Components]]:
-    """The webhook's composition: admission route, takeover ledger, config and certificate reload."""
+    """The webhook's composition: admission route (ahead of FastAPI's middleware), takeover ledger, pod
+    indexes, namespace labels, config and certificate reload."""
 
     async def compose(context: ServiceContext[WebhookSettings]) -> Components:
         try:
@@ -43,13 +70,23 @@ def composer(tls: TlsFiles) -> Callable[[ServiceContext[WebhookSettings]], Await
             TakeoverLedger(context.ledger.engine),
             full_ttl_s=config.current().webhook.takeover_full_cache_seconds,
         )
-        service = AdmissionService(config=config, bus=context.bus, takeovers=takeovers)
+        recommendations = RecommendationCache(RecommendationStore(context.ledger.engine))
+        service = AdmissionService(
+            config=config,
+            bus=context.bus,
+            takeovers=takeovers,
+            namespace_labels=namespace_labels(context.cleanup),
+            pod_indices=SequencePodIndices(context.ledger.engine),
+            recommendations=recommendations.current,
+        )
         context.cleanup.push_async_callback(service.drain)
-        tasks: dict[str, BackgroundTask] = {}
+        tasks: dict[str, BackgroundTask] = {
+            "recommendations": lambda: refresh_recommendations(recommendations, context.stopping)
+        }
         if context.ssl_context is not None:
             reloader = CertificateReloader(context.ssl_context, tls.cert_file, tls.key_file)
             tasks["certificate-reload"] = lambda: reloader.watch(context.stopping)
-        return Components(routers=[build_router(service)], tasks=tasks)
+        return Components(routers=[build_router(service)], tasks=tasks, front_routes=front_routes(service))
 
     return compose
 

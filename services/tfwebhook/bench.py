@@ -2,7 +2,8 @@
 
 `run_admission_benchmark()` starts two HTTPS servers as child processes on loopback, each a single
 uvicorn worker with the same TLS certificate: the real admission route (config, core, patch, an
-in-memory event bus; no ledger, since the benchmark pod has no `enabled-replicas`) and a bare ASGI
+in-memory event bus and pod-index counter; no ledger, since the benchmark pod has no
+`enabled-replicas`), served as the runtime serves it (the route ahead of FastAPI), and a bare ASGI
 endpoint returning the same AdmissionReview bytes. It then drives both, in the same run and in turn,
 with 10 and 100 concurrent keep-alive clients, and returns a dict of requests per second, p50/p99 in
 milliseconds and the throughput ratio. `python -m tfwebhook.bench` prints that dict as JSON.
@@ -27,13 +28,13 @@ from pathlib import Path
 from typing import Any
 
 import uvicorn
-from fastapi import FastAPI
+from starlette.types import ASGIApp
 from tfcommon.config import ConfigSource
 from tfcommon.events import Message, encode
-from tfcommon.runtime import build_app
+from tfcommon.runtime import build_app, with_front_routes
 from tfcommon.tls import generate_self_signed
 
-from tfwebhook.http import AdmissionService, build_router
+from tfwebhook.http import AdmissionService, build_router, front_routes
 from tfwebhook.testing import a_gpu_container, a_pod, a_review
 
 GOAL_RATIO = 0.7
@@ -57,10 +58,11 @@ def benchmark_review() -> bytes:
     return a_review(pod, uid="bench-0001")
 
 
-def webhook_app() -> FastAPI:
-    """The webhook's HTTP app as the service runtime builds it, without the bus and ledger probes."""
+def webhook_app() -> ASGIApp:
+    """The webhook's HTTP app as the service runtime serves it (the admission route ahead of FastAPI),
+    without the bus and ledger probes; pod indexes come from an in-process counter."""
     service = AdmissionService(config=ConfigSource(None), bus=_DiscardingBus())
-    return build_app("webhook", [build_router(service)], {})
+    return with_front_routes(build_app("webhook", [build_router(service)], {}), front_routes(service))
 
 
 class _DiscardingBus:

@@ -1,11 +1,13 @@
 """The webhook's I/O shell: `POST /mutate-v1-pod`, the takeover ledger, events and certificate reload.
 
 The route reads the raw AdmissionReview, asks the pure core (`tfwebhook.core`) for a verdict, settles
-`enabled-replicas` with the ledger (a dry run only looks, never claims), answers, and queues
-`PodAdmitted` for each GPU pod it mutates (never for a dry run). Events leave through one background
-publisher in batches, off the request path; the event id derives from the request UID, so a retried
-admission is deduplicated by JetStream. A malformed review gets HTTP 400; an unexpected failure gets an
-allowed=false review naming the cause, never an HTTP 500.
+`enabled-replicas` with the ledger (a dry run only looks, never claims), gives a pod taken over its
+device-plugin index (a dry run only previews the next one), answers, and queues `PodAdmitted` for each
+GPU pod it mutates (never for a dry run). Events leave through one background publisher in batches,
+off the request path, and are retried until JetStream stores them; the event id derives from the
+request UID, so a republished or re-admitted event is deduplicated by JetStream. The outbox lives in
+memory: it is flushed on shutdown, but a crash loses what it holds. A malformed review gets HTTP 400;
+an unexpected failure gets an allowed=false review naming the cause, never an HTTP 500.
 """
 
 from __future__ import annotations
@@ -25,12 +27,20 @@ from typing import Protocol
 import orjson
 from fastapi import APIRouter
 from starlette.routing import Route
-from starlette.types import Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 from tfcommon.bus import EventBus
 from tfcommon.config import ConfigSource, TfConfig
 from tfcommon.events import PodAdmitted
+from tfcommon.recommendations import Recommendation
 
-from tfwebhook.core.admission import AdmissionContext, Admitted, Denied, Verdict, admit
+from tfwebhook.core.admission import (
+    AdmissionContext,
+    Admitted,
+    Denied,
+    Verdict,
+    admit,
+    assign_pod_index,
+)
 from tfwebhook.core.review import (
     MalformedReviewError,
     ReviewRequest,
@@ -38,6 +48,7 @@ from tfwebhook.core.review import (
     parse_review,
     render_response,
 )
+from tfwebhook.pod_index import CyclingPodIndices, PodIndices
 
 MUTATE_PATH = "/mutate-v1-pod"
 PUBLISH_BATCH = 64
@@ -62,6 +73,18 @@ async def no_namespace_labels(namespace: str) -> Mapping[str, str] | None:
     return None
 
 
+Recommendations = Callable[[], Mapping[str, Recommendation]]
+"""The stored autoscaling recommendations by `namespace/workload`, from memory (never the database on
+the admission path: `tfcommon.ledger.recommendations.RecommendationCache.current`)."""
+
+
+def no_recommendations() -> Mapping[str, Recommendation]:
+    return _NO_RECOMMENDATIONS
+
+
+_NO_RECOMMENDATIONS: Mapping[str, Recommendation] = {}
+
+
 class VerdictCache:
     """Memoizes `admit` for identical pods (the replicas of one rollout), bounded, oldest out first.
 
@@ -73,6 +96,7 @@ class VerdictCache:
     def __init__(self, size: int) -> None:
         self.size = size
         self._config: TfConfig | None = None
+        self._recommendations: Mapping[str, Recommendation] = _NO_RECOMMENDATIONS
         self._entries: dict[tuple[bytes, str, frozenset[tuple[str, str]] | None], Verdict] = {}
 
     def decide(self, pod: Mapping[str, object], context: AdmissionContext) -> Verdict:
@@ -81,6 +105,10 @@ class VerdictCache:
         if context.config is not self._config:
             self._entries.clear()
             self._config = context.config
+        if context.recommendations is not self._recommendations:
+            if context.recommendations != self._recommendations:
+                self._entries.clear()
+            self._recommendations = context.recommendations
         labels = context.namespace_labels
         key = (
             orjson.dumps(pod),
@@ -100,20 +128,37 @@ class VerdictCache:
 
 @dataclass
 class AdmissionService:
-    """Everything `POST /mutate-v1-pod` needs; `bus` and `takeovers` are None where there is none."""
+    """Everything `POST /mutate-v1-pod` needs; `bus` and `takeovers` are None where there is none.
+
+    `pod_indices` gives each GPU pod taken over its device-plugin index (a dry run only previews
+    one). `PodAdmitted` events wait in a bounded outbox of `outbox_limit` events; failed publishes are
+    retried with backoff from `retry_backoff_s` up to `retry_backoff_max_s`, and `drain` flushes the
+    outbox on shutdown.
+    """
 
     config: ConfigSource
     bus: EventBus | None = None
     takeovers: Takeovers | None = None
     namespace_labels: NamespaceLabels = no_namespace_labels
+    pod_indices: PodIndices = field(default_factory=CyclingPodIndices)
+    recommendations: Recommendations = no_recommendations
     clock: Callable[[], datetime] = lambda: datetime.now(UTC)
     verdict_cache_size: int = 512
+    outbox_limit: int = 10_000
+    retry_backoff_s: float = 0.05
+    retry_backoff_max_s: float = 2.0
+    dropped_events: int = 0
     _verdicts: VerdictCache = field(init=False)
     _outbox: deque[tuple[str, datetime, Admitted]] = field(default_factory=deque)
     _publisher: asyncio.Task[None] | None = None
 
     def __post_init__(self) -> None:
         self._verdicts = VerdictCache(self.verdict_cache_size)
+
+    @property
+    def pending_events(self) -> int:
+        """`PodAdmitted` events answered for but not yet stored by JetStream."""
+        return len(self._outbox)
 
     async def review(self, body: bytes) -> tuple[int, bytes]:
         """HTTP status and AdmissionReview body for one request body."""
@@ -131,11 +176,14 @@ class AdmissionService:
         return 200, encode_review(render_response(request.uid, verdict))
 
     async def _decide(self, request: ReviewRequest, pod: Mapping[str, object]) -> Verdict:
+        config = self.config.current()
+        labels = await self.namespace_labels(request.namespace) if _has_namespace_selector(config) else None
         context = AdmissionContext(
-            config=self.config.current(),
+            config=config,
             namespace=request.namespace,
-            namespace_labels=await self.namespace_labels(request.namespace),
+            namespace_labels=labels,
             takeover_slot_id=request.uid,
+            recommendations=self.recommendations(),
         )
         verdict = self._verdicts.decide(pod, context)
         if not isinstance(verdict, Admitted) or not verdict.patch:
@@ -150,6 +198,9 @@ class AdmissionService:
                 return Admitted(
                     reason=f"enabled-replicas: {claim.limit} pods of the workload already taken over"
                 )
+        if verdict.awaiting_pod_index is not None:
+            index = await (self.pod_indices.preview() if request.dry_run else self.pod_indices.take())
+            verdict = assign_pod_index(verdict, index)
         if not request.dry_run and verdict.is_gpu_pod:
             self._publish(request.uid, verdict)
         return verdict
@@ -158,26 +209,82 @@ class AdmissionService:
         """Queue `PodAdmitted`; one publisher task sends the queue in batches off the request path."""
         if self.bus is None:
             return
+        if len(self._outbox) >= self.outbox_limit:
+            self._outbox.popleft()
+            self.dropped_events += 1
+            log.error(
+                "PodAdmitted outbox full (%d): the oldest event is dropped",
+                self.outbox_limit,
+                extra={"event": "webhook.publish_dropped"},
+            )
         self._outbox.append((uid, self.clock(), verdict))
         if self._publisher is None or self._publisher.done():
             self._publisher = asyncio.get_running_loop().create_task(self._publish_queued(self.bus))
 
     async def _publish_queued(self, bus: EventBus) -> None:
+        """Send the outbox until it is empty; a failed event goes back to the front and is retried.
+
+        When the outbox overflows while events wait for a retry, the oldest are dropped and counted.
+        """
+        backoff = self.retry_backoff_s
         while self._outbox:
             batch = [self._outbox.popleft() for _ in range(min(PUBLISH_BATCH, len(self._outbox)))]
-            results = await asyncio.gather(
-                *(bus.publish(_pod_admitted(*queued)) for queued in batch), return_exceptions=True
+            try:
+                results = await asyncio.gather(
+                    *(bus.publish(_pod_admitted(*queued)) for queued in batch), return_exceptions=True
+                )
+            except asyncio.CancelledError:
+                self._outbox.extendleft(reversed(batch))  # some may be stored: JetStream dedups them
+                raise
+            failed = [
+                queued
+                for queued, result in zip(batch, results, strict=True)
+                if isinstance(result, BaseException)
+            ]
+            if not failed:
+                backoff = self.retry_backoff_s
+                continue
+            log.warning(
+                "PodAdmitted not published, retrying %d: %s",
+                len(failed),
+                next(result for result in results if isinstance(result, BaseException)),
+                extra={"event": "webhook.publish_failed"},
             )
-            for result in results:
-                if isinstance(result, BaseException):
-                    log.error(
-                        "PodAdmitted not published: %s", result, extra={"event": "webhook.publish_failed"}
-                    )
+            room = max(0, self.outbox_limit - len(self._outbox))
+            kept = failed[max(0, len(failed) - room) :]
+            self.dropped_events += len(failed) - len(kept)
+            self._outbox.extendleft(reversed(kept))
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, self.retry_backoff_max_s)
 
-    async def drain(self) -> None:
-        """Wait until every queued `PodAdmitted` has been published (on shutdown)."""
-        if self._publisher is not None:
-            await asyncio.gather(self._publisher, return_exceptions=True)
+    async def drain(self, timeout_s: float = 10.0) -> None:
+        """Publish every queued `PodAdmitted` (on shutdown), retrying for up to `timeout_s`.
+
+        Events still unpublished at the deadline stay queued and are logged; a later `drain` retries them.
+        """
+        if self._outbox and self.bus is not None and (self._publisher is None or self._publisher.done()):
+            self._publisher = asyncio.get_running_loop().create_task(self._publish_queued(self.bus))
+        publisher = self._publisher
+        if publisher is None:
+            return
+        try:
+            await asyncio.wait_for(asyncio.shield(publisher), timeout=timeout_s)
+        except TimeoutError:
+            publisher.cancel()
+            await asyncio.gather(publisher, return_exceptions=True)
+            log.error(
+                "%d PodAdmitted events not published before the drain deadline",
+                len(self._outbox),
+                extra={"event": "webhook.publish_lost"},
+            )
+
+
+def _has_namespace_selector(config: TfConfig) -> bool:
+    scope = config.dynamic_config.auto_migration.scope
+    if not config.dynamic_config.auto_migration.enable or scope is None:
+        return False
+    rules = (scope.includes, scope.excludes)
+    return any(rule is not None and rule.namespace_selector is not None for rule in rules)
 
 
 def _pod_admitted(uid: str, occurred_at: datetime, verdict: Admitted) -> PodAdmitted:
@@ -213,8 +320,14 @@ class AdmissionEndpoint:
         await send({"type": "http.response.body", "body": body})
 
 
+def front_routes(service: AdmissionService) -> dict[tuple[str, str], ASGIApp]:
+    """`POST /mutate-v1-pod` as a raw route the runtime serves ahead of FastAPI's middleware stack."""
+    return {("POST", MUTATE_PATH): AdmissionEndpoint(service)}
+
+
 def build_router(service: AdmissionService) -> APIRouter:
-    """The router the runtime mounts: `POST /mutate-v1-pod`, answered by `AdmissionEndpoint`."""
+    """The router mounted on the FastAPI app: `POST /mutate-v1-pod`, answered by `AdmissionEndpoint`
+    (reached only where the app is served without `front_routes`)."""
     router = APIRouter()
     router.routes.append(
         Route(MUTATE_PATH, AdmissionEndpoint(service), methods=["POST"], name="mutate-v1-pod")

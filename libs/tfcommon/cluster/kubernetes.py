@@ -28,6 +28,7 @@ from tfcommon.cluster.manifests import (
     custom_object_from_manifest,
     eviction_body,
     metadata_patch,
+    namespace_from_manifest,
     node_from_manifest,
     pdb_from_manifest,
     pod_from_manifest,
@@ -47,6 +48,7 @@ from tfcommon.cluster.model import (
     Evicted,
     EvictionBlocked,
     EvictionResult,
+    Namespace,
     Node,
     NotFound,
     PatchResult,
@@ -58,6 +60,12 @@ from tfcommon.cluster.model import (
 
 MERGE_PATCH = "application/merge-patch+json"
 STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
+_CUSTOM_KINDS = {
+    CustomResource.GPU: "GPU",
+    CustomResource.GPU_NODE: "GPUNode",
+    CustomResource.GPU_POOL: "GPUPool",
+    CustomResource.GPU_RESOURCE_QUOTA: "GPUResourceQuota",
+}
 
 
 def _utc_now() -> datetime:
@@ -358,6 +366,10 @@ class KubernetesCluster:
         manifest = await self._get_one(f"/api/v1/nodes/{_segment(name)}")
         return node_from_manifest(manifest) if manifest is not None else None
 
+    async def get_namespace(self, name: str) -> Namespace | None:
+        manifest = await self._get_one(f"/api/v1/namespaces/{_segment(name)}")
+        return namespace_from_manifest(manifest) if manifest is not None else None
+
     async def list_nodes(self, *, labels: Mapping[str, str] | None = None) -> list[Node]:
         query = [("labelSelector", _label_selector(labels))] if labels else []
         reply = await self._get_list("/api/v1/nodes", query)
@@ -399,6 +411,33 @@ class KubernetesCluster:
         reply = await self._get_list(_custom_path(kind, namespace))
         objects = [custom_object_from_manifest(kind, item) for item in reply.body.get("items") or ()]
         return [o for o in objects if namespace is None or o.namespace == namespace]
+
+    async def create_custom_object(
+        self,
+        kind: CustomResource,
+        name: str,
+        *,
+        namespace: str | None = None,
+        labels: Mapping[str, str] | None = None,
+        spec: Mapping[str, Any] | None = None,
+    ) -> PatchResult:
+        metadata: dict[str, Any] = {"name": name, "labels": dict(labels or {})}
+        if kind.namespaced and namespace is not None:
+            metadata["namespace"] = namespace
+        body = {
+            "apiVersion": f"{CUSTOM_RESOURCE_GROUP}/{CUSTOM_RESOURCE_VERSION}",
+            "kind": _CUSTOM_KINDS[kind],
+            "metadata": metadata,
+            "spec": dict(spec or {}),
+        }
+        reply = await self._request("POST", _custom_path(kind, namespace), body=body)
+        if reply.ok:
+            return Applied(str(reply.body.get("metadata", {}).get("resourceVersion", "")))
+        if reply.status == 409:
+            return Conflict(reply.message)
+        if reply.status == 404:
+            return NotFound(reply.message)
+        raise reply.error()
 
     async def patch_custom_status(
         self,

@@ -17,6 +17,7 @@ from tfcommon.cluster.model import (
     CustomResource,
     LabelRequirement,
     LabelSelector,
+    Namespace,
     Node,
     NodeCondition,
     OwnerReference,
@@ -112,6 +113,11 @@ def pod_from_manifest(manifest: Manifest) -> Pod:
         created_at=parse_timestamp(meta.get("creationTimestamp")),
         deleting_since=parse_timestamp(meta.get("deletionTimestamp")),
     )
+
+
+def namespace_from_manifest(manifest: Manifest) -> Namespace:
+    meta = _mapping(manifest.get("metadata"))
+    return Namespace(name=str(meta.get("name", "")), labels=_strings(meta.get("labels")))
 
 
 def node_from_manifest(manifest: Manifest) -> Node:

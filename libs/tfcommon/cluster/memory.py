@@ -20,6 +20,7 @@ from tfcommon.cluster.manifests import (
     custom_object_from_manifest,
     format_timestamp,
     label_selector_from_manifest,
+    namespace_from_manifest,
     node_from_manifest,
     pdb_from_manifest,
     pod_from_manifest,
@@ -36,6 +37,7 @@ from tfcommon.cluster.model import (
     Evicted,
     EvictionBlocked,
     EvictionResult,
+    Namespace,
     Node,
     NotFound,
     PatchResult,
@@ -90,6 +92,9 @@ class InMemoryCluster:
 
     def put_node(self, manifest: Mapping[str, Any]) -> Node:
         return node_from_manifest(self._store("nodes", None, manifest))
+
+    def put_namespace(self, manifest: Mapping[str, Any]) -> Namespace:
+        return namespace_from_manifest(self._store("namespaces", None, manifest))
 
     def put_disruption_budget(self, manifest: Mapping[str, Any]) -> PodDisruptionBudget:
         meta = manifest.get("metadata") or {}
@@ -268,6 +273,10 @@ class InMemoryCluster:
         stored = self._objects.get(("nodes", None, name))
         return node_from_manifest(stored) if stored is not None else None
 
+    async def get_namespace(self, name: str) -> Namespace | None:
+        stored = self._objects.get(("namespaces", None, name))
+        return namespace_from_manifest(stored) if stored is not None else None
+
     async def list_nodes(self, *, labels: Mapping[str, str] | None = None) -> list[Node]:
         nodes = [node_from_manifest(m) for (r, _, _), m in sorted(self._objects.items()) if r == "nodes"]
         return [n for n in nodes if all(n.labels.get(k) == v for k, v in (labels or {}).items())]
@@ -307,6 +316,24 @@ class InMemoryCluster:
             for (r, ns, _), m in sorted(self._objects.items(), key=lambda item: str(item[0]))
             if r == kind.plural and (namespace is None or ns == namespace)
         ]
+
+    async def create_custom_object(
+        self,
+        kind: CustomResource,
+        name: str,
+        *,
+        namespace: str | None = None,
+        labels: Mapping[str, str] | None = None,
+        spec: Mapping[str, Any] | None = None,
+    ) -> PatchResult:
+        scope = namespace if kind.namespaced else None
+        if (kind.plural, scope, name) in self._objects:
+            return Conflict(f'{kind.plural} "{name}" already exists')
+        metadata: dict[str, Any] = {"name": name, "labels": dict(labels or {})}
+        if scope is not None:
+            metadata["namespace"] = scope
+        stored = self._store(kind.plural, scope, {"metadata": metadata, "spec": dict(spec or {})})
+        return Applied(stored["metadata"]["resourceVersion"])
 
     async def patch_custom_status(
         self,

@@ -151,6 +151,14 @@ class Node:
 
 
 @dataclass(frozen=True)
+class Namespace:
+    """A namespace: the admission webhook's `namespaceSelector` scopes read its labels."""
+
+    name: str
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class LabelRequirement:
     """One `matchExpressions` entry: operator is In, NotIn, Exists or DoesNotExist."""
 

@@ -15,6 +15,7 @@ from tfcommon.cluster.model import (
     CustomObject,
     CustomResource,
     EvictionResult,
+    Namespace,
     Node,
     PatchResult,
     Pod,
@@ -67,6 +68,10 @@ class Cluster(Protocol):
         ...
 
     async def get_node(self, name: str) -> Node | None: ...
+
+    async def get_namespace(self, name: str) -> Namespace | None:
+        """The namespace and its labels; None when there is no such namespace."""
+        ...
 
     async def list_nodes(self, *, labels: Mapping[str, str] | None = None) -> list[Node]: ...
 
@@ -121,6 +126,19 @@ class Cluster(Protocol):
     async def list_custom_objects(
         self, kind: CustomResource, *, namespace: str | None = None
     ) -> list[CustomObject]: ...
+
+    async def create_custom_object(
+        self,
+        kind: CustomResource,
+        name: str,
+        *,
+        namespace: str | None = None,
+        labels: Mapping[str, str] | None = None,
+        spec: Mapping[str, Any] | None = None,
+    ) -> PatchResult:
+        """Create the object (status empty: write it with `patch_custom_status`); `Conflict` when an object
+        of that name already exists."""
+        ...
 
     async def patch_custom_status(
         self,

@@ -35,6 +35,10 @@ REQUIRED_RBAC: dict[str, list[PolicyRule]] = {
         PolicyRule("policy", ("poddisruptionbudgets",), ("get", "list")),
         PolicyRule(CUSTOM_RESOURCE_GROUP, _CUSTOM_RESOURCES, ("get", "list")),
         PolicyRule(CUSTOM_RESOURCE_GROUP, _CUSTOM_STATUS, ("patch",)),
+        PolicyRule(CUSTOM_RESOURCE_GROUP, ("gpus", "gpunodes"), ("create",)),
+    ],
+    "webhook": [
+        PolicyRule("", ("namespaces",), ("get",)),
     ],
     "defrag-planner": [
         PolicyRule("", ("pods",), ("get", "list", "patch")),

@@ -6,16 +6,28 @@ validates, and returns either one RFC 6902 patch (the diff between the pod and i
 denial whose message names the annotation and what a valid value looks like. Admitting an already
 mutated pod yields an empty patch. `enabled-replicas` is decided by the shell (ledger), from the
 `TakeoverClaim` the verdict carries.
+
+The pod index (`tfcommon.device_slots`: annotation `tensor-fusion.ai/index`, and on each injected
+container `container_request(index)`) identifies the pod to the node agent's device plugin. A pod that
+already carries a valid index keeps it (reinvocation); otherwise the index comes from the context, or,
+when the context has none, the verdict says which containers await it and `assign_pod_index` completes
+the patch later (so a verdict can be cached for identical pods and each one still gets its own index).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, cast, get_args
 
 from tfcommon.config import TfConfig
+from tfcommon.device_slots import (
+    POD_INDEX_ANNOTATION,
+    RESOURCE_PREFIX,
+    container_request,
+    pod_index_from_annotation,
+)
 from tfcommon.events import GpuRequest, IsolationMode, QosLevel, WorkloadRef
 from tfcommon.gpu_models import GPU_MODELS_BY_NAME
 from tfcommon.quantities import (
@@ -26,8 +38,10 @@ from tfcommon.quantities import (
     parse_milli,
     parse_quantity,
 )
+from tfcommon.recommendations import Recommendation, workload_key
 
-from tfwebhook.core.patch import JsonPatch, json_diff
+from tfwebhook.core.autoscale import AUTOSCALE_SOURCE, Sizes, autoscale
+from tfwebhook.core.patch import JsonPatch, escape_pointer_token, json_diff
 from tfwebhook.core.workload import WorkloadIdentity, identify, pod_display_name
 
 PREFIX = "tensor-fusion.ai/"
@@ -79,12 +93,17 @@ class AdmissionContext:
     `namespace_labels` is None when unknown (a namespace selector then never matches);
     `takeover_slot_id` identifies this admission's `enabled-replicas` slot (the request UID) and is
     written to the pod so the slot can be released when the pod is gone; None offline.
+    `pod_index` (0..127) is the device-plugin index for a pod that has none yet; None leaves it to
+    `assign_pod_index` (see `Admitted.awaiting_pod_index`). `recommendations` maps `namespace/workload`
+    to its stored autoscaling recommendation, applied to pods with `tensor-fusion.ai/autoscale: "true"`.
     """
 
     config: TfConfig
     namespace: str = "default"
     namespace_labels: Mapping[str, str] | None = None
     takeover_slot_id: str | None = None
+    pod_index: int | None = None
+    recommendations: Mapping[str, Recommendation] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -101,7 +120,9 @@ class Admitted:
     """Admit the pod with `patch` (empty: unchanged). GPU pods carry their workload and request.
 
     When `takeover` is set, the patch applies only if the ledger grants the slot; otherwise the pod
-    must be admitted unchanged (it keeps its device-plugin GPUs).
+    must be admitted unchanged (it keeps its device-plugin GPUs). `awaiting_pod_index` lists the
+    positions of the injected containers when the pod still needs its index (`assign_pod_index`);
+    None when it has one or needs none.
     """
 
     patch: JsonPatch = field(default_factory=list)
@@ -110,6 +131,7 @@ class Admitted:
     request: GpuRequest | None = None
     migrated_resource: str | None = None
     takeover: TakeoverClaim | None = None
+    awaiting_pod_index: tuple[int, ...] | None = None
 
     @property
     def is_gpu_pod(self) -> bool:
@@ -415,9 +437,39 @@ def _unchanged(reason: str) -> Admitted:
 def admit(pod: Mapping[str, Any], context: AdmissionContext) -> Verdict:
     """Decide one pod: an `Admitted` with one JSON patch (possibly empty) or a `Denied` with the fix."""
     try:
-        return _admit(pod, context)
+        verdict = _admit(pod, context)
     except AdmissionDeniedError as denial:
         return Denied(str(denial))
+    if context.pod_index is not None and isinstance(verdict, Admitted):
+        return assign_pod_index(verdict, context.pod_index)
+    return verdict
+
+
+def assign_pod_index(verdict: Admitted, pod_index: int) -> Admitted:
+    """Complete a verdict that awaits its pod index: annotate the pod and request the index resource.
+
+    The operations are appended to the patch; they apply after it, when the annotations and each
+    injected container's `resources.limits` exist. A verdict that awaits nothing is returned as is.
+    """
+    if verdict.awaiting_pod_index is None:
+        return verdict
+    resource, count = container_request(pod_index)
+    operations: JsonPatch = [
+        {
+            "op": "add",
+            "path": f"/metadata/annotations/{escape_pointer_token(POD_INDEX_ANNOTATION)}",
+            "value": str(pod_index),
+        }
+    ]
+    operations += [
+        {
+            "op": "add",
+            "path": f"/spec/containers/{position}/resources/limits/{escape_pointer_token(resource)}",
+            "value": str(count),
+        }
+        for position in verdict.awaiting_pod_index
+    ]
+    return replace(verdict, patch=[*verdict.patch, *operations], awaiting_pod_index=None)
 
 
 def _admit(original: Mapping[str, Any], context: AdmissionContext) -> Verdict:
@@ -496,8 +548,9 @@ def _admit(original: Mapping[str, Any], context: AdmissionContext) -> Verdict:
             card.fp16_tflops_milli, card.fp16_tflops_milli, card.vram_bytes, card.vram_bytes
         )
     qos = _resolve_qos(annotations, resources, pool_spec.qos_config.default_qos)
-    _choice(annotations, AUTOSCALE_TARGET, AUTOSCALE_TARGETS)
-    _boolean(annotations, AUTOSCALE)
+    autoscale_target = _choice(annotations, AUTOSCALE_TARGET, AUTOSCALE_TARGETS) or "all"
+    if _boolean(annotations, AUTOSCALE) and not _boolean(annotations, DEDICATED_GPU):
+        resources = _autoscaled(resources, autoscale_target, qos, metadata, namespace, annotations, context)
     enabled_replicas = _enabled_replicas(annotations)
 
     injected = _injected_containers(annotations, containers, native)
@@ -575,10 +628,13 @@ def _admit(original: Mapping[str, Any], context: AdmissionContext) -> Verdict:
     if qos in PRIORITY_CLASSES and not spec.get("priorityClassName"):
         spec["priorityClassName"] = PRIORITY_CLASSES[qos]
         spec.pop("priority", None)
-    device_resource = config.webhook.device_plugin_resource
-    for container in containers:
+    pod_index = pod_index_from_annotation(annotations.get(POD_INDEX_ANNOTATION))
+    index_resource = container_request(pod_index) if pod_index is not None else None
+    awaiting: list[int] = []
+    for position, container in enumerate(containers):
         if container["name"] in injected:
-            _hand_over_container(container, config.native_gpu_resource_names, device_resource)
+            _hand_over_container(container, config.native_gpu_resource_names, index_resource)
+            awaiting.append(position)
 
     request = GpuRequest(
         pool=pool.name,
@@ -605,6 +661,36 @@ def _admit(original: Mapping[str, Any], context: AdmissionContext) -> Verdict:
         request=request,
         migrated_resource=migrated,
         takeover=takeover,
+        awaiting_pod_index=tuple(awaiting) if pod_index is None else None,
+    )
+
+
+def _autoscaled(
+    resources: _Resources,
+    target: str,
+    qos: str,
+    metadata: Mapping[str, Any],
+    namespace: str,
+    annotations: dict[str, str],
+    context: AdmissionContext,
+) -> _Resources:
+    key = workload_key(namespace, identify(metadata, namespace).name)
+    result = autoscale(
+        key,
+        target,
+        qos,
+        Sizes(resources.tflops_request, resources.tflops_limit, resources.vram_request, resources.vram_limit),
+        context.recommendations.get(key),
+        compute_as_percent=resources.percent_limit is not None,
+    )
+    annotations[AUTOSCALE_SOURCE] = result.note
+    applied = result.sizes
+    return replace(
+        resources,
+        tflops_request=applied.tflops_request,
+        tflops_limit=applied.tflops_limit,
+        vram_request=applied.vram_request,
+        vram_limit=applied.vram_limit,
     )
 
 
@@ -624,16 +710,30 @@ def _takeover(
 
 
 def _hand_over_container(
-    container: dict[str, Any], native_names: tuple[str, ...], device_resource: str
+    container: dict[str, Any], native_names: tuple[str, ...], index_resource: tuple[str, int] | None
 ) -> None:
+    """Drop the native GPU resources and any stale index resource; request `index_resource` if known.
+
+    `resources.limits` always exists afterwards, so `assign_pod_index` can add the request later.
+    """
     resources = dict(container["resources"]) if isinstance(container.get("resources"), dict) else {}
     container["resources"] = resources
+    wanted = {index_resource[0]: str(index_resource[1])} if index_resource is not None else {}
     for section in ("limits", "requests"):
-        if isinstance(resources.get(section), dict):
-            values = resources[section] = dict(resources[section])
-            removed = [values.pop(name) for name in native_names if name in values]
-            if removed and not values and section == "requests":
-                del resources[section]
+        if not isinstance(resources.get(section), dict):
+            continue
+        values = resources[section]
+        stale = [
+            name
+            for name in values
+            if name in native_names or (name.startswith(RESOURCE_PREFIX) and values[name] != wanted.get(name))
+        ]
+        if not stale:
+            continue
+        values = resources[section] = {k: v for k, v in values.items() if k not in stale}
+        if not values and section == "requests":
+            del resources[section]
     if not isinstance(resources.get("limits"), dict):
         resources["limits"] = {}
-    resources["limits"].setdefault(device_resource, "1")
+    if index_resource is not None and resources["limits"].get(index_resource[0]) != wanted[index_resource[0]]:
+        resources["limits"] = {**resources["limits"], **wanted}

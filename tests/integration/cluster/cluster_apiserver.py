@@ -167,6 +167,15 @@ class ApiServerState:
             return self._patch(key, current, request)
         raise _status(405, "MethodNotAllowed", f"{method} {request.url.path}: not served by the test server")
 
+    async def get_namespace(self, request: Request) -> Any:
+        """`GET /api/v1/namespaces/<name>`: the namespace stored under resource `/v1/namespaces`."""
+        if str(request.method.value) != "GET":
+            raise _status(405, "MethodNotAllowed", f"{request.url.path}: only GET is served for namespaces")
+        found = self.objects.get(("/v1/namespaces", None, request.namespace or ""))
+        if found is None:
+            raise _status(404, "NotFound", f'namespaces "{request.namespace}" not found')
+        return copy.deepcopy(found)
+
     def _patch(self, key: Key, current: dict[str, Any], request: Request) -> dict[str, Any]:
         patch = dict(request.data or {})
         expected = (patch.get("metadata") or {}).get("resourceVersion")
@@ -289,3 +298,14 @@ def install(scaffold: KubernetesScaffold, state: ApiServerState) -> None:
         return request.resource is not None and bool(request.resource.plural)
 
     scaffold[is_resource_request] << state.handle
+
+    def is_namespace_read(request: Request) -> bool:
+        # kmock reads `/api/v1/namespaces/<name>` as the namespace of a resource with no plural.
+        return (
+            request.resource is not None
+            and not request.resource.plural
+            and request.namespace is not None
+            and request.url.path == f"/api/v1/namespaces/{request.namespace}"
+        )
+
+    scaffold[is_namespace_read] << state.get_namespace

@@ -16,6 +16,7 @@ import httpx
 import nats
 import pytest
 from nats.js.api import DeliverPolicy
+from tfcommon.device_slots import container_request
 from tfcommon.events import PodAdmitted, decode
 from tfcommon.infra import free_port
 from tfcommon.runtime import serve
@@ -120,6 +121,17 @@ async def test_admits_a_gpu_pod_with_a_patch_and_publishes_pod_admitted(
     assert review["response"]["patchType"] == "JSONPatch"
     operations = json.loads(base64.b64decode(review["response"]["patch"]))
     assert {"op": "remove", "path": "/spec/containers/0/resources/limits/nvidia.com~1gpu"} in operations
+    dry_operations = json.loads(base64.b64decode(dry.json()["response"]["patch"]))
+    index_path = "/metadata/annotations/tensor-fusion.ai~1index"
+    (index,) = [int(op["value"]) for op in operations if op["path"] == index_path]
+    (previewed,) = [int(op["value"]) for op in dry_operations if op["path"] == index_path]
+    assert previewed == index, "a dry run previews the index without taking it"
+    resource, count = container_request(index)
+    assert {
+        "op": "add",
+        "path": f"/spec/containers/0/resources/limits/{resource.replace('/', '~1')}",
+        "value": str(count),
+    } in operations
 
     connection = await nats.connect(nats_url)
     try:

@@ -86,7 +86,8 @@ def test_fractional_pod_gets_every_resolved_value_written_back() -> None:
         f"{T}gpupool": "default",
     }
     assert mutated["spec"]["schedulerName"] == "tensor-fusion-scheduler"
-    assert mutated["spec"]["containers"][0]["resources"]["limits"] == {"tensor-fusion.ai/gpu-slot": "1"}
+    assert mutated["spec"]["containers"][0]["resources"]["limits"] == {}
+    assert verdict.awaiting_pod_index == (0,)
     assert verdict.request is not None
     assert (verdict.request.tflops_request_milli, verdict.request.vram_limit_bytes) == (20_000, 8 * 1024**3)
 
@@ -194,7 +195,8 @@ def test_native_gpu_conversion_touches_only_the_gpu_containers() -> None:
     )
     verdict, mutated = admitted(pod)
     app, log = mutated["spec"]["containers"]
-    assert app["resources"]["limits"] == {"memory": "1Gi", "tensor-fusion.ai/gpu-slot": "1"}
+    assert app["resources"]["limits"] == {"memory": "1Gi"}
+    assert verdict.awaiting_pod_index == (0,)
     assert log == sidecar
     written = annotations_of(mutated)
     assert (written["gpu-count"], written["inject-container"], written["container-gpu-count"]) == (

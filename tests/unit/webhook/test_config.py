@@ -30,7 +30,7 @@ gpuPools:
         nodeCompaction: {period: 5m}
       capacityConfig: {oversubscription: {tflopsOversellRatio: 500}}
 nativeGpuResourceNames: [nvidia.com/gpu, amd.com/gpu, example.com/gpu]
-webhook: {devicePluginResource: tensor-fusion.ai/gpu-slot, takeoverFullCacheSeconds: 1}
+webhook: {takeoverFullCacheSeconds: 1}
 """
 
 
