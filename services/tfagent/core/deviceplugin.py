@@ -28,7 +28,9 @@ ISOLATION_ANNOTATION = "tensor-fusion.ai/isolation"
 VRAM_LIMIT_ANNOTATION = "tensor-fusion.ai/vram-limit"
 TFLOPS_LIMIT_ANNOTATION = "tensor-fusion.ai/tflops-limit"
 PERCENT_LIMIT_ANNOTATION = "tensor-fusion.ai/compute-percent-limit"
-DEVICES_PER_RESOURCE = 64
+# Every container of every pod in one block of 8 pod indexes may hold 1..8 devices of the same resource
+# at once (36 per container layout), so the pool must be large: 1024 covers 28 injected containers per pod.
+DEVICES_PER_RESOURCE = 1024
 MIB = 1024**2
 
 
@@ -78,7 +80,7 @@ class AnsweredContainers:
 
 def advertised_device_ids(resource: int) -> tuple[str, ...]:
     """The virtual devices the plugin of index resource `resource` offers the kubelet."""
-    return tuple(f"index-{resource:x}-{number:02d}" for number in range(DEVICES_PER_RESOURCE))
+    return tuple(f"index-{resource:x}-{number:04d}" for number in range(DEVICES_PER_RESOURCE))
 
 
 def nvidia_visible_devices(gpu_uuids: Sequence[str]) -> str:
