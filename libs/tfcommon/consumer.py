@@ -27,6 +27,7 @@ from opentelemetry import trace
 
 from tfcommon.bus import EventBus
 from tfcommon.events import InvalidPayloadError, Message, UnknownSubjectError, decode
+from tfcommon.service_metrics import record_consumed
 from tfcommon.subjects import ConsumerSpec
 from tfcommon.telemetry import extract_trace_context
 
@@ -94,6 +95,9 @@ class _Processor:
                 outcome, level, error = "settle-failed", logging.WARNING, None
         fields["outcome"] = outcome
         fields["ms"] = round((time.monotonic() - started) * 1000, 1)
+        record_consumed(
+            self.service, self.spec.durable, outcome, msg.metadata.num_delivered, msg.metadata.num_pending
+        )
         _log.log(level, "%s %s", outcome, msg.subject, extra=fields, exc_info=error)
         return outcome
 

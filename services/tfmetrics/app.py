@@ -15,17 +15,21 @@ from decimal import Decimal
 from tfcommon import subjects
 from tfcommon.config import ConfigSource
 from tfcommon.consumer import run_pull_consumer
+from tfcommon.ledger.recommendations import RecommendationStore
 from tfcommon.runtime import Components, ServiceContext, ServiceSpec, run_service
 from tfcommon.settings import MetricsSettings
 from tfcommon.telemetry import setup_telemetry
 
 from tfmetrics.billing_api import bill_from_ledger, bill_to_json, build_billing_router, utc_now
 from tfmetrics.core.billing import Bill
+from tfmetrics.core.recommendations import RecommendationPolicy
 from tfmetrics.core.series import Sample, snapshot_samples
 from tfmetrics.dashboard import build_dashboard_router
+from tfmetrics.defrag_reads import latest_campaigns
 from tfmetrics.exporter import build_metrics_router, series_board
 from tfmetrics.handlers import count_events_handler, record_usage_handler
 from tfmetrics.live import LiveView
+from tfmetrics.recommender import Recommender, UsageWindow, build_recommendations_router
 
 SERVICE = "metrics"
 
@@ -38,6 +42,14 @@ async def compose(context: ServiceContext[MetricsSettings]) -> Components:
     config = ConfigSource(settings.config_file)
     view = LiveView(context.ledger)
     board = series_board()
+    recommendations = RecommendationStore(context.ledger.engine)
+    recommender = Recommender(
+        store=recommendations,
+        usage=UsageWindow(timedelta(seconds=settings.recommendation_window_s)),
+        policy=RecommendationPolicy(min_samples=settings.recommendation_min_samples),
+        snapshot=lambda: view.snapshot,
+        clock=utc_now,
+    )
     memo: dict[str, object] = {}
 
     def current_samples() -> list[Sample]:
@@ -71,6 +83,20 @@ async def compose(context: ServiceContext[MetricsSettings]) -> Components:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(context.stopping.wait(), timeout=settings.refresh_interval_s)
 
+    async def recommend() -> None:
+        while not context.stopping.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(context.stopping.wait(), timeout=settings.recommendation_interval_s)
+            if context.stopping.is_set():
+                return
+            try:
+                await recommender.run_once()
+            except Exception as error:
+                _log.warning(
+                    "recommendations not stored; retrying next interval",
+                    extra={"event": "metrics.recommend_failed", "outcome": "error", "reason": str(error)},
+                )
+
     async def bill_for_window(window: timedelta, quantum: Decimal) -> Bill:
         end = utc_now()
         return await bill_from_ledger(
@@ -87,14 +113,18 @@ async def compose(context: ServiceContext[MetricsSettings]) -> Components:
         routers=[
             build_metrics_router(),
             build_billing_router(context.ledger.engine, config.current, settings.gpu_cost_per_hour),
-            build_dashboard_router(view, bill_for_window, bill_to_json),
+            build_dashboard_router(
+                view, bill_for_window, bill_to_json, lambda: latest_campaigns(context.ledger.engine)
+            ),
+            build_recommendations_router(recommendations, config.current),
         ],
         tasks={
             "refresh-ledger": refresh_ledger,
+            "recommend": recommend,
             "record-usage": lambda: run_pull_consumer(
                 context.bus.js,
                 subjects.METRICS_RECORD_USAGE,
-                record_usage_handler(view),
+                record_usage_handler(view, recommender.usage),
                 bus=context.bus,
                 service=context.name,
                 stop=context.stopping,

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from fastapi import APIRouter
-from fastapi.responses import Response
+from fastapi.responses import PlainTextResponse, Response
 from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Counter, Observation
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
@@ -82,7 +82,7 @@ def build_metrics_router() -> APIRouter:
     """`GET /metrics`: the Prometheus text exposition of every series."""
     router = APIRouter(tags=["metrics"])
 
-    @router.get("/metrics")
+    @router.get("/metrics", response_class=PlainTextResponse)
     async def prometheus_metrics() -> Response:
         return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
 

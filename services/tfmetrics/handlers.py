@@ -21,12 +21,15 @@ from tfcommon.events import (
 
 from tfmetrics.exporter import SeriesBoard
 from tfmetrics.live import LiveView
+from tfmetrics.recommender import UsageWindow
 
 
-def record_usage_handler(view: LiveView) -> Handler:
+def record_usage_handler(view: LiveView, window: UsageWindow | None = None) -> Handler:
     async def record_usage(message: Message) -> Sequence[Message]:
         if isinstance(message, GpuUsageReported):
             view.record_usage(message)
+            if window is not None:
+                window.add(message)
         return ()
 
     return record_usage

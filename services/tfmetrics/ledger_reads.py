@@ -1,18 +1,24 @@
 """Reads the ledger for billing: each GPU share's held interval from the append-only allocation history.
 
 A share is held from its `opened` history entry to its `released` or `evicted` entry (none yet: still
-held). Read-only: this module never writes to the ledger and makes no billing decisions.
+held); its eviction-protection window runs from the same `opened` entry for the allocation's
+`eviction_protection_s` (recorded at reservation from `tensor-fusion.ai/eviction-protection`).
+Read-only: this module never writes to the ledger and makes no billing decisions.
 """
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from sqlalchemy import and_, func, or_, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 from tfcommon.ledger import tables
 
 from tfmetrics.core.billing import BillableShare
+
+
+def _protected_until(opened_at: datetime, protection_s: int | None) -> datetime | None:
+    return opened_at + timedelta(seconds=protection_s) if protection_s else None
 
 
 async def billable_shares(engine: AsyncEngine, start: datetime, end: datetime) -> list[BillableShare]:
@@ -35,6 +41,7 @@ async def billable_shares(engine: AsyncEngine, start: datetime, end: datetime) -
             allocation.request_vram_bytes,
             allocation.limit_tflops_milli,
             allocation.limit_vram_bytes,
+            allocation.eviction_protection_s,
             opened_at.label("opened_at"),
             closed_at.label("closed_at"),
         )
@@ -68,6 +75,7 @@ async def billable_shares(engine: AsyncEngine, start: datetime, end: datetime) -
             limit_vram_bytes=row.limit_vram_bytes,
             start=row.opened_at,
             end=row.closed_at,
+            protected_until=_protected_until(row.opened_at, row.eviction_protection_s),
         )
         for row in rows
     ]

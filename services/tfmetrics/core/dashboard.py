@@ -1,9 +1,13 @@
 """The dashboard's data: pools with their KPIs, nodes with their GPUs split by the workloads holding
-them, and the allocation table. Pure: a `ClusterSnapshot` in, a JSON-ready mapping out."""
+them, the allocation table, and each pool's running and last defrag campaign. Pure: a
+`ClusterSnapshot` (and campaign summaries) in, a JSON-ready mapping out."""
 
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from tfmetrics.core.series import ClusterSnapshot, WorkerShare, pool_kpis
@@ -103,3 +107,47 @@ def dashboard_view(snapshot: ClusterSnapshot) -> dict[str, Any]:
         "nodes": nodes,
         "allocations": allocations,
     }
+
+
+@dataclass(frozen=True)
+class CampaignSummary:
+    """One defrag campaign as the dashboard shows it (node lists reduced to counts)."""
+
+    pool: str
+    trigger: str
+    running: bool
+    started_at: datetime
+    finished_at: datetime | None
+    deadline_at: datetime | None
+    outcome: str | None
+    current_node: str | None
+    nodes_drained: int
+    nodes_failed: int
+    nodes_skipped: int
+    pods_evicted: int
+    stranded_pods: int
+
+
+def _iso(moment: datetime | None) -> str | None:
+    return moment.isoformat() if moment is not None else None
+
+
+def defrag_view(campaigns: Sequence[CampaignSummary]) -> list[dict[str, Any]]:
+    """Per pool (by name): `running`, the campaign in progress or None, and `last`, the last finished."""
+    by_pool: dict[str, dict[str, Any]] = {}
+    for campaign in sorted(campaigns, key=lambda campaign: (campaign.pool, campaign.started_at)):
+        entry = by_pool.setdefault(campaign.pool, {"pool": campaign.pool, "running": None, "last": None})
+        entry["running" if campaign.running else "last"] = {
+            "trigger": campaign.trigger,
+            "startedAt": _iso(campaign.started_at),
+            "finishedAt": _iso(campaign.finished_at),
+            "deadlineAt": _iso(campaign.deadline_at),
+            "outcome": campaign.outcome,
+            "currentNode": campaign.current_node,
+            "nodesDrained": campaign.nodes_drained,
+            "nodesFailed": campaign.nodes_failed,
+            "nodesSkipped": campaign.nodes_skipped,
+            "podsEvicted": campaign.pods_evicted,
+            "strandedPods": campaign.stranded_pods,
+        }
+    return list(by_pool.values())

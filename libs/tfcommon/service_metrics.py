@@ -1,0 +1,135 @@
+"""Operational metrics every service records through the OpenTelemetry meter: HTTP latency, consumer
+outcomes, redeliveries and lag, and ledger retries.
+
+Each service serves them on its own `/metrics` (the runtime adds the route; Prometheus text from the
+SDK's Prometheus reader, installed by `tfcommon.telemetry.setup_telemetry`). Nothing is pushed: a
+metrics backend that is down cannot slow or stop a service. Instruments are created on first use from
+the global meter, so importing this module opens nothing and records nothing.
+
+- `tf_http_request_duration_seconds` (histogram): `service`, `method`, `route` (the path template),
+  `status`;
+- `tf_consumer_messages_total`: `service`, `consumer`, `outcome` (acked, terminated, retry, ...);
+- `tf_consumer_redeliveries_total`: `service`, `consumer`;
+- `tf_consumer_pending_messages` (gauge, the consumer's lag): messages still waiting after the last
+  one fetched, per `service` and `consumer`;
+- `tf_ledger_retries_total`: `operation` (a transaction Postgres aborted and the ledger tried again).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from functools import cache
+from typing import Any
+
+from fastapi import APIRouter, Response
+from opentelemetry import metrics
+from opentelemetry.metrics import CallbackOptions, Counter, Histogram, Observation
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+UNMATCHED_ROUTE = "unmatched"
+_pending: dict[tuple[str, str], int] = {}
+
+
+@cache
+def _meter() -> metrics.Meter:
+    return metrics.get_meter("tfcommon.service_metrics")
+
+
+@cache
+def _request_duration() -> Histogram:
+    return _meter().create_histogram(
+        "tf_http_request_duration_seconds", unit="s", description="HTTP request latency per route"
+    )
+
+
+@cache
+def _consumer_messages() -> Counter:
+    return _meter().create_counter("tf_consumer_messages", description="consumed messages per outcome")
+
+
+@cache
+def _redeliveries() -> Counter:
+    return _meter().create_counter("tf_consumer_redeliveries", description="messages delivered again")
+
+
+@cache
+def _ledger_retries() -> Counter:
+    return _meter().create_counter("tf_ledger_retries", description="ledger transactions retried")
+
+
+def _observe_pending(options: CallbackOptions) -> Iterable[Observation]:
+    return [
+        Observation(pending, {"service": service, "consumer": consumer})
+        for (service, consumer), pending in list(_pending.items())
+    ]
+
+
+@cache
+def _pending_gauge() -> None:
+    _meter().create_observable_gauge(
+        "tf_consumer_pending_messages",
+        callbacks=[_observe_pending],
+        description="messages waiting for the consumer after the last one it fetched (consumer lag)",
+    )
+
+
+def record_consumed(service: str, consumer: str, outcome: str, delivery: int, pending: int) -> None:
+    """One consumed message: its outcome, whether it was a redelivery, and the consumer's lag."""
+    labels = {"service": service, "consumer": consumer}
+    _consumer_messages().add(1, {**labels, "outcome": outcome})
+    if delivery > 1:
+        _redeliveries().add(1, labels)
+    _pending_gauge()
+    _pending[(service, consumer)] = pending
+
+
+def record_ledger_retry(operation: str) -> None:
+    """A ledger transaction aborted by the database (deadlock, serialization) and tried again."""
+    _ledger_retries().add(1, {"operation": operation})
+
+
+class RequestTimer:
+    """ASGI middleware recording `tf_http_request_duration_seconds` for every HTTP request."""
+
+    def __init__(self, app: ASGIApp, service: str) -> None:
+        self.app = app
+        self.service = service
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status = {"code": 500}
+
+        async def send_with_status(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status["code"] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_status)
+        finally:
+            route: Any = scope.get("route")
+            _request_duration().record(
+                time.perf_counter() - started,
+                {
+                    "service": self.service,
+                    "method": scope["method"],
+                    "route": getattr(route, "path", UNMATCHED_ROUTE),
+                    "status": str(status["code"]),
+                },
+            )
+
+
+def metrics_router() -> APIRouter:
+    """`GET /metrics`: everything this process records, in Prometheus text format."""
+    router = APIRouter(tags=["metrics"])
+
+    @router.get("/metrics", include_in_schema=False)
+    async def prometheus_metrics() -> Response:
+        return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
+
+    return router
