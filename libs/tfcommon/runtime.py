@@ -4,7 +4,8 @@ A service is described by a `ServiceSpec` and run with `serve(spec, stop=...)` (
 `run_service(spec)` (the process entry point behind `tfctl serve`, which also handles SIGTERM/SIGINT):
 
 1. connect to NATS (`NatsEventBus`) and wait for Postgres to answer, retrying up to
-   `spec.startup_timeout_s`; then `subjects.provision()` the streams and durable consumers;
+   `spec.startup_timeout_s`; then `subjects.provision()` the streams and the service's own durable
+   consumers (`subjects.consumers_of(spec.name)`; the node-agent adds its per-node ones itself);
 2. open the ledger (`SqlLedger`) and build a `ServiceContext`;
 3. call `spec.compose(context)`: the service's own composition root. It returns `Components`: FastAPI
    routers, named background tasks (pull-consumer loops, timers) and extra readiness checks. Anything it
@@ -57,6 +58,7 @@ from tfcommon.bus import NatsEventBus
 from tfcommon.ledger.sql import SqlLedger
 from tfcommon.ledger.urls import DatabaseUrlError, ledger_url
 from tfcommon.logs import configure_logging
+from tfcommon.service_metrics import RequestTimer, metrics_router
 from tfcommon.settings import ServiceSettings
 from tfcommon.telemetry import setup_telemetry
 from tfcommon.tls import TlsFiles
@@ -167,7 +169,7 @@ def required_urls(settings: ServiceSettings) -> tuple[str, str]:
     try:
         ledger_url(database_url)
     except DatabaseUrlError as error:
-        raise StartupError(str(error)) from error
+        raise StartupError(f"TF_DATABASE_URL: {error}") from error
     return nats_url, database_url
 
 
@@ -207,7 +209,8 @@ def build_app(
     routers: Sequence[APIRouter],
     checks: Mapping[str, ReadinessCheck],
 ) -> FastAPI:
-    """The service's FastAPI app: `/healthz`, `/readyz` over `checks`, then the service's routers."""
+    """The service's FastAPI app: `/healthz`, `/readyz` over `checks`, the service's routers, then
+    `/metrics` (`tfcommon.service_metrics`, request latency included)."""
     app = FastAPI(title=f"tfpool {name}", docs_url=None, redoc_url=None)
 
     @app.get("/healthz", tags=["health"])
@@ -229,6 +232,8 @@ def build_app(
 
     for router in routers:
         app.include_router(router)
+    app.include_router(metrics_router())
+    app.add_middleware(RequestTimer, service=name)
     return app
 
 
@@ -362,7 +367,9 @@ async def serve(spec: ServiceSpec[SettingsT], *, stop: asyncio.Event) -> None:
             bus = await _unless_stopped(_connect_bus(spec, nats_url), stop)
             resources.push_async_callback(_close_bus, bus)
             await _unless_stopped(_wait_for_postgres(spec, engine, database_url), stop)
-            await _unless_stopped(subjects.provision(bus.js), stop)
+            await _unless_stopped(
+                subjects.provision(bus.js, consumers=subjects.consumers_of(spec.name)), stop
+            )
             ledger = SqlLedger.create(database_url, pool_size=spec.settings.database.pool_size)
             resources.push_async_callback(ledger.close)
         except _StopRequestedError:

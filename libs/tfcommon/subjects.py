@@ -244,6 +244,22 @@ def node_agent_track_allocations(node: str) -> ConsumerSpec:
 PER_NODE_CONSUMERS = (node_agent_run_commands, node_agent_track_allocations)
 """Factories of the consumers each node-agent provisions for its own node."""
 
+PER_NODE_SERVICE = "node-agent"
+"""The service whose durable consumers are per node (`PER_NODE_CONSUMERS`)."""
+
+
+def consumers_of(service: str, node: str | None = None) -> tuple[ConsumerSpec, ...]:
+    """The durable consumers `service` runs, and so the only ones it provisions: its entries of
+    `CONSUMERS`, plus, for the node-agent given its `node`, that node's `PER_NODE_CONSUMERS`.
+
+    deploy/nats/nats.conf lets each NATS user create and update exactly these (a node-agent: any
+    durable but the other services'), so provisioning another service's durable is refused.
+    """
+    own = [spec for spec in CONSUMERS if spec.service == service]
+    if service == PER_NODE_SERVICE and node is not None:
+        own += [factory(node) for factory in PER_NODE_CONSUMERS]
+    return tuple(own)
+
 
 async def provision_stream(js: JetStreamContext, spec: StreamSpec) -> None:
     """Create the stream, or update it to match `spec` (safe to run any number of times)."""
@@ -265,7 +281,11 @@ async def provision(
     streams: Iterable[StreamSpec] = STREAMS,
     consumers: Iterable[ConsumerSpec] = CONSUMERS,
 ) -> None:
-    """Create or update every stream, then every durable consumer; idempotent, applies changed config."""
+    """Create or update the streams, then the durable consumers; idempotent, applies changed config.
+
+    The defaults create everything (a single trusted user, tests); a service passes
+    `consumers=consumers_of(service)`, since its NATS user may create only its own durables.
+    """
     for stream in streams:
         await provision_stream(js, stream)
     for consumer in consumers:

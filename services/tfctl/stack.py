@@ -6,6 +6,8 @@ own process group, output to `<state dir>/logs/<name>.log`), then wait for every
 Order of stop (Ctrl-C, SIGTERM, or a child that exits on its own): SIGTERM to each service's process
 group so it drains, SIGKILL to whatever is left after a timeout, then NATS, then Postgres. A child that
 exits while the stack runs is reported (name, exit code, last log lines) and makes `tfctl up` exit 1.
+If `tfctl up` itself dies without stopping them (SIGKILL, a crash), every child still stops: each is
+started from the main thread with a parent-death signal (SIGTERM; SIGINT, fast shutdown, for Postgres).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from typing import IO, Any
 
 import httpx
 from tfcommon.gpu_models import GPU_MODELS_BY_NAME
-from tfcommon.infra import EmbeddedNats, EmbeddedPostgres, InfrastructureError, free_port
+from tfcommon.infra import EmbeddedNats, EmbeddedPostgres, InfrastructureError, die_with_parent, free_port
 from tfcommon.ledger.migrate import upgrade_head
 from tfcommon.ledger.urls import ledger_url
 from tfcommon.tls import ensure_self_signed
@@ -36,6 +38,7 @@ DEFAULT_PORTS = {"webhook": 9443, "scheduler": 8080, "defrag-planner": 8070, "me
 FIRST_AGENT_PORT = 8001
 LOG_TAIL_LINES = 20
 READY_POLL_S = 0.2
+ENDPOINTS_FILE = "endpoints.json"
 
 
 class StackError(RuntimeError):
@@ -210,13 +213,13 @@ class Stack:
         if nats_url:
             self.nats_url = nats_url
         else:
-            self.nats = EmbeddedNats(store_dir=state_dir / "nats")
-            starts.append(asyncio.ensure_future(asyncio.to_thread(self.nats.start)))
+            self.nats = EmbeddedNats(store_dir=state_dir / "nats", die_with_parent=True)
+            starts.append(asyncio.ensure_future(self._start_nats(self.nats)))
         if database_url:
             self.database_url = database_url
         else:
-            self.postgres = EmbeddedPostgres(data_dir=state_dir / "postgres")
-            starts.append(asyncio.ensure_future(asyncio.to_thread(self.postgres.start)))
+            self.postgres = EmbeddedPostgres(data_dir=state_dir / "postgres", die_with_parent=True)
+            starts.append(asyncio.ensure_future(self._start_postgres(self.postgres)))
         if starts:
             _say(
                 "starting embedded "
@@ -233,6 +236,18 @@ class Stack:
         if self.postgres:
             self.database_url = self.postgres.url
 
+    @staticmethod
+    async def _start_nats(nats: EmbeddedNats) -> str:
+        # Launched on this (the main) thread: the parent-death signal follows the launching thread.
+        nats.launch()
+        return await asyncio.to_thread(nats.wait_until_ready)
+
+    @staticmethod
+    async def _start_postgres(postgres: EmbeddedPostgres) -> str:
+        await asyncio.to_thread(postgres.prepare)
+        postgres.launch()
+        return await asyncio.to_thread(postgres.wait_until_ready)
+
     async def _spawn(self, child: Child) -> None:
         child.log_path.parent.mkdir(parents=True, exist_ok=True)
         environment = {**os.environ, "TF_NATS_URL": self.nats_url, "TF_DATABASE_URL": self.database_url}
@@ -244,6 +259,7 @@ class Stack:
                 stderr=asyncio.subprocess.STDOUT,
                 env=environment,
                 start_new_session=True,
+                preexec_fn=die_with_parent(signal.SIGTERM),
             )
         child.exited = asyncio.create_task(child.process.wait(), name=f"{child.name}-exit")
 
@@ -336,6 +352,7 @@ class Stack:
             }
             for child in self.children
         ]
+        write_endpoints(self.options.state_dir, services)
         if self.options.json_output:
             summary: dict[str, Any] = {
                 "status": "ready",
@@ -396,6 +413,11 @@ class Stack:
             await asyncio.to_thread(self.nats.stop)
         if self.postgres is not None:
             await asyncio.to_thread(self.postgres.stop)
+
+
+def write_endpoints(state_dir: Path, services: list[dict[str, Any]]) -> None:
+    """Record where each service of the running stack listens (`tfctl run` finds node agents here)."""
+    (state_dir / ENDPOINTS_FILE).write_text(json.dumps({"services": services}, indent=2) + "\n")
 
 
 def _signal_group(process_group: int, signal_number: signal.Signals) -> None:

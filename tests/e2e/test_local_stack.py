@@ -7,6 +7,7 @@ command line.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -28,6 +29,7 @@ import pytest
 pytestmark = pytest.mark.e2e
 
 SERVICES = {"webhook", "scheduler", "defrag-planner", "metrics", "node-agent"}
+ORPHAN_DEADLINE_S = 10.0
 
 
 def stack_environment() -> dict[str, str]:
@@ -143,6 +145,30 @@ def test_a_crashed_service_stops_the_stack_with_a_report_and_an_error_exit(
     assert process.returncode == 1
     assert f"scheduler (pid {scheduler['pid']}) exited with code -9" in errors
     assert survivors(state_dir, tree) == []
+
+
+def test_a_sigkilled_tfctl_up_takes_every_child_with_it_within_seconds(
+    stack: tuple[subprocess.Popen[str], dict[str, Any], Path],
+) -> None:
+    process, _, state_dir = stack
+    tree = psutil.Process(process.pid).children(recursive=True)
+    commands = " ".join(" ".join(child.cmdline()) for child in tree)
+    assert "nats-server" in commands
+    assert "postgres" in commands
+    assert len([child for child in tree if "tfctl.main serve" in " ".join(child.cmdline())]) == 6
+
+    process.kill()
+    process.communicate(timeout=30)
+    killed_at = time.monotonic()
+    left = survivors(state_dir, tree)
+    while left and time.monotonic() - killed_at < ORPHAN_DEADLINE_S:
+        time.sleep(0.1)
+        left = survivors(state_dir, tree)
+
+    for orphan in left:  # a failing run must not leave them to the next test
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(orphan.split()[0]), signal.SIGKILL)
+    assert left == [], f"still running {ORPHAN_DEADLINE_S:.0f}s after SIGKILL of tfctl up"
 
 
 def test_up_rejects_an_unknown_fake_gpu_model_naming_it(tmp_path: Path) -> None:

@@ -7,7 +7,9 @@ after the publish but before the mark republishes them, and JetStream drops the 
 `Nats-Msg-Id` is the event id (within the stream's duplicate window, 2 minutes by default). The relay
 wakes on Postgres NOTIFY `tf_outbox` (sent by a trigger on every insert) and polls as a fallback.
 
-Run it on its own with `python -m tfcommon.ledger.outbox --database-url URL --nats-url URL`.
+Run it on its own with `python -m tfcommon.ledger.outbox --database-url URL --nats-url URL`. On a
+secured NATS (deploy/nats/nats.conf) it connects as the `scheduler` user, whose events it publishes:
+`TF_NATS_USER=scheduler` and `TF_NATS_PASSWORD`, as every service reads them (`NatsSettings`).
 This module only moves committed rows to the bus; it never writes ledger state.
 """
 
@@ -27,7 +29,10 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
+import nats
+import nats.errors
 import psycopg
+from pydantic import ValidationError
 from sqlalchemy import delete, func, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
@@ -35,6 +40,7 @@ from tfcommon.ledger import tables
 from tfcommon.ledger.sql import SqlLedger
 from tfcommon.ledger.urls import DatabaseUrlError, ledger_url
 from tfcommon.logs import configure_logging
+from tfcommon.settings import NatsSettings
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +49,8 @@ PAUSE_AT_ENV = "TF_OUTBOX_TEST_PAUSE_AT"
 PAUSE_MARKER_ENV = "TF_OUTBOX_TEST_PAUSE_MARKER"
 STOP_CHECK_INTERVAL_S = 0.2
 PRUNE_INTERVAL_S = 60.0
+RELAY_NATS_USER = "scheduler"
+"""The NATS user the relay runs as on a secured server: the producer of the events it publishes."""
 
 
 class Publisher(Protocol):
@@ -264,14 +272,49 @@ def _payload_bytes(payload: Any) -> bytes:
     return json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()
 
 
-async def _serve(database_url: str, nats_url: str, test_pause: TestPause | None) -> None:
+class RelayConnectionError(RuntimeError):
+    """The NATS server refused the relay's credentials (a retry would be refused again)."""
+
+
+async def _credentials_refusal(url: str, user: str | None, password: str | None) -> str | None:
+    """The server's refusal when it rejects these credentials; None when it accepts them or is not
+    reachable yet (the bus connection then waits for it)."""
+
+    async def ignore(_: Exception) -> None:
+        return None
+
+    try:
+        probe = await nats.connect(
+            url, user=user, password=password, allow_reconnect=False, connect_timeout=5, error_cb=ignore
+        )
+    except nats.errors.Error as error:
+        return str(error) if "authorization" in str(error).lower() else None
+    except (OSError, TimeoutError):
+        return None
+    await probe.close()
+    return None
+
+
+async def _serve(
+    database_url: str, nats_url: str, nats_settings: NatsSettings, test_pause: TestPause | None
+) -> None:
     from tfcommon.bus import NatsEventBus
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for stop_signal in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(stop_signal, stop.set)
-    bus = await NatsEventBus.connect(nats_url, service="outbox-relay")
+    password = nats_settings.password.get_secret_value() if nats_settings.password is not None else None
+    refusal = await _credentials_refusal(nats_url, nats_settings.user, password)
+    if refusal is not None:
+        who = f"user {nats_settings.user!r}" if nats_settings.user else "no user (TF_NATS_USER unset)"
+        raise RelayConnectionError(
+            f"NATS at {nats_url} refused the relay as {who} ({refusal}); on a secured server set "
+            f"TF_NATS_USER={RELAY_NATS_USER} and TF_NATS_PASSWORD to that user's password"
+        )
+    bus = await NatsEventBus.connect(
+        nats_url, service="outbox-relay", user=nats_settings.user, password=password
+    )
     engine = create_async_engine(ledger_url(database_url), pool_size=2, pool_pre_ping=True)
     try:
         await OutboxRelay(engine, bus, test_pause=test_pause).run(stop)
@@ -281,22 +324,40 @@ async def _serve(database_url: str, nats_url: str, test_pause: TestPause | None)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the relay until SIGTERM/SIGINT; URLs default to TF_DATABASE_URL and TF_NATS_URL."""
+    """Run the relay until SIGTERM/SIGINT; returns 1 when NATS refuses or cannot be reached.
+
+    URLs default to TF_DATABASE_URL and TF_NATS_URL; the NATS user and password come from
+    TF_NATS_USER and TF_NATS_PASSWORD (the user may also be given with `--nats-user`).
+    """
     parser = argparse.ArgumentParser(
         prog="python -m tfcommon.ledger.outbox", description="Publish committed ledger events to NATS"
     )
     parser.add_argument("--database-url", default=os.environ.get("TF_DATABASE_URL"))
     parser.add_argument("--nats-url", default=os.environ.get("TF_NATS_URL"))
+    parser.add_argument(
+        "--nats-user",
+        default=None,
+        help=f"NATS user (default TF_NATS_USER); {RELAY_NATS_USER} on a secured server",
+    )
     args = parser.parse_args(argv)
     if not args.nats_url:
         parser.error("--nats-url: unset; pass it or set TF_NATS_URL (e.g. nats://127.0.0.1:4222)")
     try:
         ledger_url(args.database_url or "")
         test_pause = TestPause.from_environment(os.environ)
-    except (DatabaseUrlError, ValueError) as error:
+        nats_settings = NatsSettings()
+    except (DatabaseUrlError, ValueError, ValidationError) as error:
         parser.error(str(error))
+    if args.nats_user:
+        nats_settings = nats_settings.model_copy(update={"user": args.nats_user})
+    if nats_settings.user and nats_settings.password is None:
+        parser.error(f"TF_NATS_PASSWORD: unset; give the password of NATS user {nats_settings.user!r}")
     configure_logging("outbox-relay", os.environ.get("TF_LOG_LEVEL", "INFO"))
-    asyncio.run(_serve(args.database_url, args.nats_url, test_pause))
+    try:
+        asyncio.run(_serve(args.database_url, args.nats_url, nats_settings, test_pause))
+    except RelayConnectionError as error:
+        log.error(str(error), extra={"outcome": "error"})
+        return 1
     return 0
 
 

@@ -104,7 +104,7 @@ async def _send(url: str, pool: str, minutes: int | None, user: str | None, pass
 
     bus = await NatsEventBus.connect(url, service="tfctl", user=user, password=password)
     try:
-        await subjects.provision(bus.js)
+        await subjects.provision(bus.js, consumers=())
         await bus.publish(
             StartDefragCampaign(
                 event_id=uuid4(),

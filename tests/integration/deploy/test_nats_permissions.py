@@ -88,11 +88,14 @@ def produced_by(service: str) -> list[str]:
     ]
 
 
-def consumers_of(service: str) -> list[ConsumerSpec]:
-    own = [spec for spec in subjects.CONSUMERS if spec.service == service]
-    if service == "node-agent":
-        own += [factory(NODE) for factory in subjects.PER_NODE_CONSUMERS]
-    return own
+def consumers_of(service: str) -> tuple[ConsumerSpec, ...]:
+    return subjects.consumers_of(service, NODE)
+
+
+def create_subject(spec: ConsumerSpec) -> str:
+    """The JetStream API subject that creates or updates `spec` (what `provision_consumer` requests)."""
+    base = f"$JS.API.CONSUMER.CREATE.{spec.stream}.{spec.durable}"
+    return f"{base}.{spec.filter_subjects[0]}" if len(spec.filter_subjects) == 1 else base
 
 
 @pytest.fixture(scope="module")
@@ -298,3 +301,39 @@ async def test_event_bus_receives_its_acknowledgements_on_its_own_inbox(provisio
         assert await violations.wait_for("subscription to")
     finally:
         await shared_inbox.close()
+
+
+@pytest.mark.parametrize("service", [*SERVICES, "readonly"])
+async def test_user_cannot_create_or_update_another_services_durable(
+    provisioned: SecuredNats, service: str
+) -> None:
+    foreign = [spec for other in SERVICES if other != service for spec in consumers_of(other)]
+    async with connected(provisioned, service) as (client, violations):
+        for spec in foreign:
+            await client.publish(create_subject(spec), b"{}")
+        await client.flush()
+        for spec in foreign:
+            assert await violations.wait_for(f'publish to "{create_subject(spec)}"'), (service, spec.durable)
+
+
+async def test_provisioning_every_services_durables_is_refused_to_one_service(
+    provisioned: SecuredNats,
+) -> None:
+    async with connected(provisioned, "metrics") as (client, violations):
+        with pytest.raises((nats.errors.TimeoutError, nats.errors.NoRespondersError, JetStreamError)):
+            await subjects.provision(client.jetstream(timeout=1), streams=(), consumers=subjects.CONSUMERS)
+        assert await violations.wait_for("$js.api.consumer.create")
+
+
+def test_each_durable_is_provisioned_by_exactly_one_service() -> None:
+    owners = {
+        spec.durable: [service for service in SERVICES if spec in consumers_of(service)]
+        for spec in (*subjects.CONSUMERS, *(factory(NODE) for factory in subjects.PER_NODE_CONSUMERS))
+    }
+    assert {durable: len(services) for durable, services in owners.items()} == dict.fromkeys(owners, 1)
+    assert consumers_of("webhook") == ()
+    assert consumers_of("tfctl") == ()
+    assert {spec.durable for spec in consumers_of("node-agent")} == {
+        f"node-agent-run-commands-{NODE}",
+        f"node-agent-track-allocations-{NODE}",
+    }
