@@ -8,7 +8,9 @@ Snapshot and resume answer 501 with how to move the workload instead unless a ch
 from __future__ import annotations
 
 import hmac
+from collections.abc import Callable, Mapping
 from typing import Annotated, Any
+from uuid import UUID
 
 from fastapi import APIRouter, Header
 from fastapi.responses import JSONResponse
@@ -78,11 +80,23 @@ def worker_json(allocation: WorkerAllocation) -> dict[str, Any]:
     }
 
 
+WorkerProcesses = Callable[[UUID], Mapping[str, Any] | None]
+
+
 def build_router(
-    agent: NodeAgent, api_token: SecretStr | None, checkpoint: CheckpointBackend | None = None
+    agent: NodeAgent,
+    api_token: SecretStr | None,
+    checkpoint: CheckpointBackend | None = None,
+    processes: WorkerProcesses | None = None,
 ) -> APIRouter:
-    """The hypervisor API routes over `agent`; `api_token` unset means mutating endpoints are refused."""
+    """The hypervisor API routes over `agent`; `api_token` unset means mutating endpoints are refused.
+    `processes` gives the `tfctl run` process of an allocation (shown as `process` on workers)."""
     router = APIRouter(prefix="/api/v1", tags=["hypervisor"])
+
+    def with_process(allocation: WorkerAllocation) -> dict[str, Any]:
+        worker = worker_json(allocation)
+        process = None if processes is None else processes(allocation.allocation_id)
+        return worker if process is None else {**worker, "process": dict(process)}
 
     def unauthorised(authorization: str | None) -> JSONResponse | None:
         if api_token is None:
@@ -143,7 +157,7 @@ def build_router(
 
     @router.get("/workers")
     async def list_workers() -> dict[str, Any]:
-        return {"data": [worker_json(allocation) for allocation in agent.allocations()]}
+        return {"data": [with_process(allocation) for allocation in agent.allocations()]}
 
     @router.get("/workers/{worker_id}", response_model=None)
     async def get_worker(worker_id: str) -> dict[str, Any] | JSONResponse:
@@ -162,7 +176,7 @@ def build_router(
         return {
             "data": {
                 "worker_uid": str(allocation.allocation_id),
-                "allocation": worker_json(allocation),
+                "allocation": with_process(allocation),
                 "metrics": metrics,
                 "sampled_at": None if sampled is None else sampled.at.isoformat(),
             }

@@ -7,12 +7,14 @@ Only wiring lives here: `compose` plugs routers, consumers and tasks into the sh
 from __future__ import annotations
 
 import socket
+from collections.abc import Sequence
 from pathlib import Path
 
 from tfcommon import subjects
 from tfcommon.cluster.kubernetes import KubernetesCluster
 from tfcommon.cluster.model import Pod
 from tfcommon.consumer import run_pull_consumer
+from tfcommon.events import Message
 from tfcommon.gpu_models import GpuModelSpec
 from tfcommon.runtime import (
     BackgroundTask,
@@ -33,6 +35,7 @@ from tfagent.core.deviceplugin import LimiterLibrary
 from tfagent.core.inventory import ModelCatalog
 from tfagent.deviceplugin.server import DevicePlugins, serve_device_plugins
 from tfagent.ports import GpuProbe, ProcessOwners
+from tfagent.workers import WorkerRunner, build_workers_router
 
 SERVICE = "node-agent"
 
@@ -90,11 +93,18 @@ async def compose(context: ServiceContext[AgentSettings]) -> Components:
         await agent.register()
         await agent.run(context.stopping)
 
+    runner = worker_runner(settings, node, agent, owners)
+    context.cleanup.push_async_callback(runner.close)
+
+    async def track_allocation(message: Message) -> Sequence[Message]:
+        runner.stop_if_released(message)
+        return await agent.track_allocation(message)
+
     async def track_allocations() -> None:
         await run_pull_consumer(
             context.bus.js,
             allocations,
-            agent.track_allocation,
+            track_allocation,
             bus=context.bus,
             service=SERVICE,
             stop=context.stopping,
@@ -103,7 +113,31 @@ async def compose(context: ServiceContext[AgentSettings]) -> Components:
     tasks: dict[str, BackgroundTask] = {"agent": run_agent, "track-allocations": track_allocations}
     if settings.device_plugin_dir is not None:
         tasks["device-plugins"] = device_plugin_task(context, node, agent, settings.device_plugin_dir)
-    return Components(routers=[build_router(agent, settings.api_token)], tasks=tasks)
+    routers = [
+        build_router(agent, settings.api_token, processes=runner.describe),
+        build_workers_router(runner, settings.api_token),
+    ]
+    return Components(routers=routers, tasks=tasks)
+
+
+def worker_runner(
+    settings: AgentSettings, node: str, agent: NodeAgent, owners: ProcessOwners
+) -> WorkerRunner:
+    """The `tfctl run` workers of this node; their pids are attributed to allocations on a real host."""
+
+    def gpu_capacity_milli() -> dict[str, int]:
+        inventory = agent.inventory
+        return {} if inventory is None else {gpu.uuid: gpu.tflops_milli for gpu in inventory.gpus}
+
+    registry = owners if isinstance(owners, HostProcessOwners) else None
+    return WorkerRunner(
+        node,
+        settings.api_token,
+        gpu_capacity_milli,
+        limiter_library=settings.limiter_library,
+        on_started=None if registry is None else registry.register_pid,
+        on_ended=None if registry is None else registry.forget_pid,
+    )
 
 
 def device_plugin_task(

@@ -7,8 +7,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tfctl.settings_doc import rewrite_readme
-
 
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser("config", help="configuration reference")
@@ -20,6 +18,8 @@ def register(subparsers: Any) -> None:
 
 
 def write_doc(args: argparse.Namespace) -> int:
+    from tfctl.settings_doc import rewrite_readme  # imports every service: only when asked
+
     readme: Path = args.readme
     try:
         current = readme.read_text(encoding="utf-8")
