@@ -16,6 +16,29 @@ from tfcommon.placement import PlacementRequestError
 from tfscheduler.engine import Scheduler, placement_mode
 from tfscheduler.submission import Submission, WorkloadStatus
 
+REFUSED_OR_INVALID: dict[int | str, dict[str, Any]] = {
+    422: {
+        "description": "the body is invalid (`detail` lists the problems) or the request cannot be placed "
+        "(`detail` is the reason)",
+        "content": {
+            "application/json": {
+                "schema": {
+                    "type": "object",
+                    "required": ["detail"],
+                    "properties": {
+                        "detail": {
+                            "anyOf": [
+                                {"type": "string"},
+                                {"type": "array", "items": {"$ref": "#/components/schemas/ValidationError"}},
+                            ]
+                        }
+                    },
+                }
+            }
+        },
+    }
+}
+
 
 def build_router(scheduler: Scheduler, api_token: SecretStr | None) -> APIRouter:
     """The `/api/v1` routes over `scheduler`."""
@@ -110,7 +133,7 @@ def build_router(scheduler: Scheduler, api_token: SecretStr | None) -> APIRouter
             for record in await scheduler.ledger.active_allocations()
         ]
 
-    @router.post("/workloads", dependencies=authorized, status_code=201)
+    @router.post("/workloads", dependencies=authorized, status_code=201, responses=REFUSED_OR_INVALID)
     async def submit(submission: Submission, response: Response) -> WorkloadStatus:
         if submission.workload.uid is None:
             submission = submission.model_copy(
@@ -141,7 +164,7 @@ def build_router(scheduler: Scheduler, api_token: SecretStr | None) -> APIRouter
         released = await scheduler.release(workload_id, "workload-deleted")
         return {"id": str(workload_id), "released": released}
 
-    @router.post("/simulate-schedule")
+    @router.post("/simulate-schedule", responses=REFUSED_OR_INVALID)
     async def simulate(submission: Submission) -> dict[str, Any]:
         try:
             return scheduler.simulate(submission)

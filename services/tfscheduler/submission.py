@@ -5,8 +5,11 @@ from __future__ import annotations
 from typing import Literal
 from uuid import UUID
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from tfcommon.events import GpuRequest, WorkloadRef
+
+BIGINT_MAX = 2**63 - 1
+"""The largest integer a ledger column (Postgres bigint) holds."""
 
 WorkloadState = Literal["placed", "pending", "refused", "ended", "evicted"]
 
@@ -19,12 +22,59 @@ class Submission(BaseModel):
 
     workload: WorkloadRef
     request: GpuRequest
-    priority: int = Field(default=0, description="PriorityClass value; QoS orders equal values")
+    priority: int = Field(
+        default=0, ge=-(2**31), lt=2**31, description="PriorityClass value; QoS orders equal values"
+    )
     eviction_protection_s: int = Field(
         default=0, ge=0, description="seconds after placement during which preemption never evicts it"
     )
     tolerations: tuple[dict[str, str], ...] = Field(default=(), description="Kubernetes tolerations")
     node_selector: dict[str, str] = Field(default_factory=dict, description="required node labels")
+
+    @model_validator(mode="after")
+    def _fits_the_ledger(self) -> Submission:
+        document = self.model_dump(mode="json")
+        path = _path_of_nul(document, "")
+        if path is not None:
+            raise ValueError(f"{path or 'a key'} contains the NUL character (\\u0000); remove it")
+        path = _path_of_huge_integer(document, "")
+        if path is not None:
+            raise ValueError(f"{path} is larger than the ledger stores; use at most {BIGINT_MAX}")
+        return self
+
+
+def _path_of_nul(value: object, path: str) -> str | None:
+    """The dotted path of the first string (value or key) holding NUL, which Postgres text refuses."""
+    if isinstance(value, str):
+        return path if "\x00" in value else None
+    children: list[tuple[object, object]] = []
+    if isinstance(value, dict):
+        children = list(value.items())
+    elif isinstance(value, list):
+        children = list(enumerate(value))
+    for key, item in children:
+        child = f"{path}.{key}" if path else str(key)
+        if isinstance(key, str) and "\x00" in key:
+            return child
+        found = _path_of_nul(item, child)
+        if found is not None:
+            return found
+    return None
+
+
+def _path_of_huge_integer(value: object, path: str) -> str | None:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return path if abs(value) > BIGINT_MAX else None
+    children: list[tuple[object, object]] = []
+    if isinstance(value, dict):
+        children = list(value.items())
+    elif isinstance(value, list):
+        children = list(enumerate(value))
+    for key, item in children:
+        found = _path_of_huge_integer(item, f"{path}.{key}" if path else str(key))
+        if found is not None:
+            return found
+    return None
 
 
 class WorkloadStatus(BaseModel):

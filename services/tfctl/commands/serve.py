@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -87,11 +88,26 @@ def build_spec(args: argparse.Namespace) -> ServiceSpec[Any]:
 
 def handle(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
+    from pydantic_settings import SettingsError
+    from tfcommon.config import ConfigError, load_config
     from tfcommon.runtime import StartupError, required_urls, run_service
 
     try:
         spec = build_spec(args)
         required_urls(spec.settings)
+        load_config(spec.settings.config_file)
+    except ConfigError as error:
+        print(f"tfctl serve {args.service}: TF_CONFIG_FILE: {error}", file=sys.stderr)
+        return USAGE_ERROR
+    except SettingsError as error:
+        field = re.search(r'field "(\w+)"', str(error))
+        variable = f"TF_{field.group(1).upper()}" if field else "a TF_* variable"
+        print(
+            f"tfctl serve {args.service}: invalid setting: {variable} is not valid JSON ({error}); "
+            'give a JSON value, e.g. {"H100": "2.49"} or ["a", "b"]',
+            file=sys.stderr,
+        )
+        return USAGE_ERROR
     except ValidationError as error:
         problems = "; ".join(
             f"TF_{'_'.join(str(part) for part in problem['loc']).upper()}: {problem['msg']}"

@@ -1,0 +1,73 @@
+"""Fixtures for the robustness suite: every service running in-process on a NATS server of its own and a
+fresh migrated ledger, so poison messages and fuzzed requests cannot disturb (or be disturbed by) other
+suites' durable consumers."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import tempfile
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from robust_stack import RunningStack, service_specs, service_url, wait_until_ready
+from sqlalchemy.engine import make_url
+from tfcommon.infra import EmbeddedNats
+from tfcommon.ledger.migrate import upgrade_head
+from tfcommon.runtime import serve
+
+
+def _conninfo(url: str) -> str:
+    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+@pytest.fixture(scope="module")
+def robust_database_url(postgres_server_url: str) -> Iterator[str]:
+    name = f"robust_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(_conninfo(postgres_server_url), autocommit=True) as connection:
+        connection.execute(f'CREATE DATABASE "{name}"')
+    url = make_url(postgres_server_url).set(database=name).render_as_string(hide_password=False)
+    upgrade_head(url)
+    try:
+        yield url
+    finally:
+        with psycopg.connect(_conninfo(postgres_server_url), autocommit=True) as connection:
+            connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(scope="module")
+def robust_nats_url() -> Iterator[str]:
+    store_dir = Path(tempfile.mkdtemp(prefix="tfpool-robust-nats-"))
+    server = EmbeddedNats(store_dir=store_dir)
+    try:
+        yield server.start()
+    finally:
+        server.stop()
+        shutil.rmtree(store_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+async def stack(robust_nats_url: str, robust_database_url: str) -> AsyncIterator[RunningStack]:
+    state_dir = Path(tempfile.mkdtemp(prefix="tfpool-robust-state-"))
+    specs = service_specs(robust_nats_url, robust_database_url, state_dir)
+    stop = asyncio.Event()
+    services = {name: asyncio.create_task(serve(spec, stop=stop)) for name, spec in specs.items()}
+    try:
+        for name, spec in specs.items():
+            await wait_until_ready(service_url(spec), services[name])
+        yield RunningStack(
+            nats_url=robust_nats_url,
+            database_url=robust_database_url,
+            urls={name: service_url(spec) for name, spec in specs.items()},
+            webhook_certificate=state_dir / "certs" / "tls.crt",
+        )
+        stopped = sorted(name for name, task in services.items() if task.done())
+        assert not stopped, f"services stopped during the suite: {stopped}"
+    finally:
+        stop.set()
+        _, stuck = await asyncio.wait(services.values(), timeout=30)
+        shutil.rmtree(state_dir, ignore_errors=True)
+        assert not stuck, "services did not stop within 30 s"
