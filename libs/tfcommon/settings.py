@@ -7,9 +7,11 @@ Every field is listed in the README's configuration table.
 
 from __future__ import annotations
 
+from decimal import Decimal
 from pathlib import Path
+from typing import Literal
 
-from pydantic import Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -61,12 +63,63 @@ class WebhookSettings(ServiceSettings):
     tls_key_file: Path | None = Field(default=None, description="PEM private key; self-signed if unset")
 
 
+class SchedulerKubernetesSettings(BaseSettings):
+    """The scheduler's Kubernetes mode (`TF_SCHEDULER_MODE=kubernetes`): where the API server is and how
+    often the custom-resource status is written. `local` (the default) takes workloads from the API only."""
+
+    model_config = SettingsConfigDict(env_prefix="TF_SCHEDULER_", extra="ignore")
+
+    mode: Literal["local", "kubernetes"] = Field(
+        default="local", description="kubernetes: watch pods of our schedulerName, bind them, write CR status"
+    )
+    kubeconfig: Path | None = Field(
+        default=None, description="kubeconfig file outside a cluster; in a pod its service account is used"
+    )
+    kube_context: str | None = Field(default=None, description="kubeconfig context; its current one if unset")
+    scheduler_name: str = Field(
+        default="tensor-fusion-scheduler", min_length=1, description="spec.schedulerName of the pods to place"
+    )
+    bind_concurrency: int = Field(default=16, ge=1, description="pods placed and bound at the same time")
+    status_debounce_s: float = Field(
+        default=0.2, gt=0, le=1.0, description="wait after a change before writing GPU/GPUNode/GPUPool status"
+    )
+    status_poll_interval_s: float = Field(
+        default=0.5, gt=0, le=1.0, description="ledger check for changes made by other processes"
+    )
+    pending_retry_interval_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="waiting pods are tried again this often, and whenever capacity frees",
+    )
+
+
 class SchedulerSettings(ServiceSettings):
     port: int = Field(default=8080, description="HTTP port of the scheduler API (TF_PORT)")
+    kubernetes: SchedulerKubernetesSettings = Field(
+        default_factory=SchedulerKubernetesSettings, description="Kubernetes mode (TF_SCHEDULER_MODE, ...)"
+    )
 
 
 class DefragSettings(ServiceSettings):
     port: int = Field(default=8070, description="HTTP port of the defrag planner API (TF_PORT)")
+    tick_interval_s: float = Field(
+        default=30.0, gt=0, description="seconds between checks for due campaigns and compaction"
+    )
+    replacement_timeout_s: float = Field(
+        default=300.0, gt=0, description="seconds to wait for an evicted pod's replacement to be placed"
+    )
+
+
+class GpuModelOverride(BaseModel):
+    """A GPU model the operator adds or corrects: short name, dense FP16 tensor TFLOPS x 1000, NVML names."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(min_length=1)
+    fp16_tflops_milli: int = Field(ge=1)
+    vram_bytes: int = Field(default=0, ge=0)
+    nvml_names: tuple[str, ...] = ()
+    source: str = "operator configuration (TF_GPU_MODELS)"
 
 
 class AgentSettings(ServiceSettings):
@@ -75,7 +128,49 @@ class AgentSettings(ServiceSettings):
     fake_gpus: str | None = Field(
         default=None, description="simulate GPUs instead of NVML, e.g. H100:8,A100-80G:4"
     )
+    pool: str = Field(default="default", description="GPU pool this node's GPUs belong to (TF_POOL)")
+    heartbeat_interval_s: float = Field(default=5.0, gt=0, description="seconds between node heartbeats")
+    sample_interval_s: float = Field(default=5.0, gt=0, description="seconds between GPU usage reports")
+    discovery_interval_s: float = Field(default=300.0, gt=0, description="seconds between GPU rediscoveries")
+    fallback_tflops_milli: int = Field(
+        default=50_000, ge=1, description="capacity (milli-TFLOPS) of a GPU model not in the model table"
+    )
+    device_plugin_dir: Path | None = Field(
+        default=None,
+        description="kubelet device-plugin folder (/var/lib/kubelet/device-plugins); unset: no plugin",
+    )
+    limiter_library: str | None = Field(
+        default=None, description="host path of a GPU limiter library (e.g. HAMi-core libvgpu.so) to preload"
+    )
+    gpu_models: tuple[GpuModelOverride, ...] = Field(
+        default=(),
+        description='extra or corrected GPU models as JSON, e.g. [{"name": "X9", "fp16_tflops_milli": '
+        '500000, "nvml_names": ["NVIDIA X9"]}] (TF_GPU_MODELS)',
+    )
 
 
 class MetricsSettings(ServiceSettings):
     port: int = Field(default=8090, description="HTTP port of metrics, billing and the dashboard (TF_PORT)")
+    gpu_cost_per_hour: dict[str, Decimal] = Field(
+        default_factory=dict,
+        description="hourly price of a whole dedicated GPU per model, for billing savings, as JSON, e.g. "
+        '{"H100": "2.49", "A100-80G": "1.60"} (TF_GPU_COST_PER_HOUR)',
+    )
+    refresh_interval_s: float = Field(
+        default=5.0, gt=0, description="seconds between ledger reads for the metrics and the dashboard"
+    )
+    recommendation_window_s: float = Field(
+        default=86_400.0,
+        gt=0,
+        description="seconds of usage samples a recommendation looks at (TF_RECOMMENDATION_WINDOW_S)",
+    )
+    recommendation_min_samples: int = Field(
+        default=30,
+        ge=1,
+        description="fewer samples than this keep a workload's values (TF_RECOMMENDATION_MIN_SAMPLES)",
+    )
+    recommendation_interval_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="seconds between storing new recommendations (TF_RECOMMENDATION_INTERVAL_S)",
+    )

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from uuid import UUID, uuid4
@@ -198,6 +198,12 @@ class NodeAgent:
             )
         self._reported_drift = {drift.key for drift in drifts}
         return sampled
+
+    def restore(self, allocations: Iterable[WorkerAllocation]) -> None:
+        """Start from the ledger's open allocations on this node: after a restart, the durable
+        consumer delivers only what changed since the last acknowledged event."""
+        for allocation in allocations:
+            self._allocations[allocation.allocation_id] = allocation
 
     async def track_allocation(self, message: Message) -> Sequence[Message]:
         """Pull-consumer handler: follow allocations placed on this node (idempotent under redelivery)."""

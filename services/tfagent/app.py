@@ -6,16 +6,19 @@ Only wiring lives here: `compose` plugs routers, consumers and tasks into the sh
 
 from __future__ import annotations
 
+import logging
 import socket
 from collections.abc import Sequence
 from pathlib import Path
 
+from sqlalchemy.exc import DBAPIError
 from tfcommon import subjects
 from tfcommon.cluster.kubernetes import KubernetesCluster
 from tfcommon.cluster.model import Pod
 from tfcommon.consumer import run_pull_consumer
 from tfcommon.events import Message
 from tfcommon.gpu_models import GpuModelSpec
+from tfcommon.ledger.sql import SqlLedger
 from tfcommon.runtime import (
     BackgroundTask,
     Components,
@@ -33,11 +36,13 @@ from tfagent.agent import AgentTimers, NodeAgent
 from tfagent.api import build_router
 from tfagent.core.deviceplugin import LimiterLibrary
 from tfagent.core.inventory import ModelCatalog
+from tfagent.core.usage import WorkerAllocation, WorkerShare
 from tfagent.deviceplugin.server import DevicePlugins, serve_device_plugins
 from tfagent.ports import GpuProbe, ProcessOwners
 from tfagent.workers import WorkerRunner, build_workers_router
 
 SERVICE = "node-agent"
+log = logging.getLogger("tfagent")
 
 
 def node_name(settings: AgentSettings) -> str:
@@ -86,6 +91,13 @@ async def compose(context: ServiceContext[AgentSettings]) -> Components:
         agent_url=f"http://{node}:{settings.port}",
     )
     agent_holder.append(agent)
+    try:
+        agent.restore(await open_allocations(context.ledger, node))
+    except DBAPIError as error:
+        log.warning(
+            "cannot read this node's open allocations from the ledger; following the events only",
+            extra={"event": "agent.restore_failed", "outcome": "error", "error": str(error).splitlines()[0]},
+        )
     allocations = subjects.node_agent_track_allocations(node)
     await subjects.provision_consumer(context.bus.js, allocations)
 
@@ -118,6 +130,25 @@ async def compose(context: ServiceContext[AgentSettings]) -> Components:
         build_workers_router(runner, settings.api_token),
     ]
     return Components(routers=routers, tasks=tasks)
+
+
+async def open_allocations(ledger: SqlLedger, node: str) -> list[WorkerAllocation]:
+    """The ledger's open allocations on `node`, as the agent holds them."""
+    return [
+        WorkerAllocation(
+            allocation_id=record.allocation_id,
+            workload=record.workload,
+            pool=record.pool,
+            shares=tuple(
+                WorkerShare(share.gpu_uuid.lower(), share.tflops_milli, share.vram_bytes)
+                for share in record.shares
+            ),
+            qos=record.qos,
+            isolation=record.isolation,
+        )
+        for record in await ledger.active_allocations()
+        if record.node == node
+    ]
 
 
 def worker_runner(

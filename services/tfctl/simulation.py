@@ -197,6 +197,7 @@ class ReplayResult:
     curve: dict[int, float]
     fragmentation_rate_at_90: float | None
     seconds: float
+    idle_at_end: tuple[tuple[int, int], ...] = ()
 
     def as_json(self) -> dict[str, Any]:
         allocated_at_130 = self.curve.get(130)
@@ -215,6 +216,10 @@ class ReplayResult:
             "seconds": round(self.seconds, 3),
             "placements_per_second": round(self.pods / self.seconds, 1) if self.seconds > 0 else None,
             "curve": {str(percent): round(value, 6) for percent, value in sorted(self.curve.items())},
+            "idle_at_end": [
+                {"free_share": share, "cards": cards, "idle_gpus": round(share * cards / WHOLE_GPU_SHARE, 1)}
+                for share, cards in self.idle_at_end
+            ],
         }
 
 
@@ -269,7 +274,20 @@ def replay(
         curve,
         fragmentation_rate,
         seconds,
+        idle_cards_by_free_share(view.nodes.values()),
     )
+
+
+def idle_cards_by_free_share(nodes: Iterable[Node], top: int | None = None) -> tuple[tuple[int, int], ...]:
+    """Where the idle GPU share sits: `(free share, number of cards)` per free share, the most idle
+    share first, cut to the first `top` when given (cards with nothing free are left out)."""
+    cards: dict[int, int] = {}
+    for node in nodes:
+        for free in node.free_shares:
+            if free:
+                cards[free] = cards.get(free, 0) + 1
+    ranked = sorted(cards.items(), key=lambda item: (-item[0] * item[1], item[0]))
+    return tuple(ranked[:top])
 
 
 def replay_benchmark(

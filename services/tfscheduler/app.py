@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import timedelta
 from pathlib import Path
@@ -28,9 +29,11 @@ from tfscheduler.api import build_router
 from tfscheduler.core.quota import NamespaceQuota, QuotaError, parse_quota
 from tfscheduler.engine import Scheduler
 from tfscheduler.inventory import inventory_handler
+from tfscheduler.kubernetes_mode import KubernetesScheduler, wire_kubernetes
 from tfscheduler.submission import Submission
 
 SERVICE = "scheduler"
+log = logging.getLogger("tfscheduler")
 
 
 class SchedulerOptions(BaseSettings):
@@ -68,7 +71,23 @@ async def _every(interval_s: float, stop: asyncio.Event, work: Callable[[], Awai
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), timeout=interval_s)
         if not stop.is_set():
-            await work()
+            await _survive_outage(work)
+
+
+async def _survive_outage(work: Callable[[], Awaitable[object]]) -> None:
+    """Run one round of periodic work; a failure (the ledger or the bus restarting) is logged and the
+    next round retries, instead of stopping the whole scheduler."""
+    try:
+        await work()
+    except Exception as error:
+        log.warning(
+            "periodic work failed; retrying on the next round",
+            extra={
+                "event": "scheduler.round_failed",
+                "outcome": "retry",
+                "error": f"{type(error).__name__}: {error}",
+            },
+        )
 
 
 async def _retry_on_freed_capacity(scheduler: Scheduler, stop: asyncio.Event) -> None:
@@ -81,12 +100,13 @@ async def _retry_on_freed_capacity(scheduler: Scheduler, stop: asyncio.Event) ->
         if stop.is_set():
             return
         scheduler.capacity_freed.clear()
-        await scheduler.retry_pending()
+        await _survive_outage(scheduler.retry_pending)
 
 
 async def compose(context: ServiceContext[SchedulerSettings]) -> Components:
     options = SchedulerOptions()
-    scheduler = Scheduler(
+    kubernetes = context.settings.kubernetes
+    scheduler = (KubernetesScheduler if kubernetes.mode == "kubernetes" else Scheduler)(
         context.ledger,
         context.bus,
         config=load_config(context.settings.config_file),
@@ -132,6 +152,8 @@ async def compose(context: ServiceContext[SchedulerSettings]) -> Components:
         "check-nodes": lambda: _every(options.node_check_interval_s, stop, scheduler.recheck_nodes),
         "refresh-view": lambda: _every(options.refresh_interval_s, stop, refresh),
     }
+    if isinstance(scheduler, KubernetesScheduler):
+        tasks.update(wire_kubernetes(scheduler, kubernetes).tasks(stop))
     if options.run_outbox_relay:
         relay = OutboxRelay(context.ledger, context.bus)
         tasks["outbox-relay"] = lambda: relay.run(stop)

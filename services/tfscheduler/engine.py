@@ -70,10 +70,29 @@ from tfscheduler.workloads import StoredWorkload, WorkloadStore
 log = logging.getLogger("tfscheduler")
 MAX_PLACE_ATTEMPTS = 8
 MIN_FULL_REFRESH_INTERVAL_S = 1.0
+MAX_BATCH = 256
+"""Most submissions placed together and reserved in one ledger transaction."""
 
 
 def utc_now() -> datetime:
     return datetime.now(UTC)
+
+
+@dataclass(frozen=True)
+class _Queued:
+    submission: Submission
+    cause: UUID | None
+    future: asyncio.Future[WorkloadStatus]
+
+
+@dataclass(frozen=True)
+class _Tentative:
+    """A workload placed in the view (not yet in the ledger) within a batch."""
+
+    stored: StoredWorkload
+    cause: UUID | None
+    outcome: Placement
+    request: GpuRequest
 
 
 @dataclass(frozen=True)
@@ -124,6 +143,8 @@ class Scheduler:
         self._lock = asyncio.Lock()
         self._profiles: dict[str, Profile] = {}
         self._last_full_refresh = 0.0
+        self._queue: list[_Queued] = []
+        self._drainer: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------------------------ state loading
 
@@ -142,7 +163,10 @@ class Scheduler:
         nodes = await self.ledger.list_nodes()
         gpus = await self.ledger.list_gpus()
         allocations = await self.ledger.active_allocations()
-        stored = await self.store.by_ids([a.allocation_id for a in allocations])
+        known = self.active
+        stored = await self.store.by_ids(
+            [a.allocation_id for a in allocations if a.allocation_id not in known]
+        )
         now = self.clock()
         snapshot = build_snapshot(
             nodes,
@@ -154,7 +178,12 @@ class Scheduler:
         )
         self.view = ClusterView(snapshot.nodes.values())
         self.blocked = dict(snapshot.blocked)
-        self.active = {a.allocation_id: self._active(a, stored.get(a.allocation_id)) for a in allocations}
+        self.active = {
+            a.allocation_id: replace(known[a.allocation_id], record=a)
+            if a.allocation_id in known
+            else self._active(a, stored.get(a.allocation_id))
+            for a in allocations
+        }
         self._last_full_refresh = asyncio.get_running_loop().time()
 
     def _active(self, record: AllocationRecord, stored: StoredWorkload | None) -> Active:
@@ -233,22 +262,222 @@ class Scheduler:
     # ---------------------------------------------------------------------------------- placing
 
     async def submit(self, submission: Submission, *, cause: UUID | None = None) -> WorkloadStatus:
-        """Place `submission` now, or record it as pending with the reason. Idempotent per workload."""
-        allocation_id = allocation_id_for(submission.workload)
-        stored = await self.store.insert(allocation_id, submission, self.clock())
-        if stored.state != "pending":
-            return await self.status(allocation_id) or _status(stored)
+        """Place `submission` now, or record it as pending with the reason. Idempotent per workload.
+
+        Submissions that arrive while a batch is being written are placed together: one after another
+        against the view, then reserved in one ledger transaction (a refused one is placed again on
+        its own). Each caller still gets its own workload's status.
+        """
+        future: asyncio.Future[WorkloadStatus] = asyncio.get_running_loop().create_future()
+        self._queue.append(_Queued(submission, cause, future))
+        if self._drainer is None or self._drainer.done():
+            self._drainer = asyncio.create_task(self._drain(), name=f"{self.name}-submissions")
+        return await asyncio.shield(future)
+
+    async def _drain(self) -> None:
+        while self._queue:
+            batch, self._queue = self._queue[:MAX_BATCH], self._queue[MAX_BATCH:]
+            try:
+                await self._submit_batch(batch)
+            except Exception as error:  # each caller gets the failure; the queue goes on
+                _fail(batch, error)
+            except BaseException:  # cancelled (shutdown): no caller may wait forever
+                _fail(batch + self._queue, RuntimeError("the scheduler stopped before placing this workload"))
+                self._queue = []
+                raise
+
+    async def _submit_batch(self, batch: list[_Queued]) -> None:
+        now = self.clock()
+        stored = await self.store.insert_many(
+            [(allocation_id_for(item.submission.workload), item.submission) for item in batch], now
+        )
+        first_of: dict[UUID, _Queued] = {}
+        entries: list[tuple[StoredWorkload, UUID | None]] = []
+        for item in batch:
+            allocation_id = allocation_id_for(item.submission.workload)
+            if allocation_id not in first_of:
+                first_of[allocation_id] = item
+                entries.append((stored[allocation_id], item.cause))
+        fresh = [(workload, cause) for workload, cause in entries if workload.state == "pending"]
+        statuses: dict[UUID, WorkloadStatus] = {}
         async with self._lock:
-            return await self._try_place(stored, cause=cause)
+            statuses.update(await self._place_batch(fresh, announce=True))
+        settled = [workload for workload, _cause in entries if workload.allocation_id not in statuses]
+        records = await self.ledger.get_allocations(
+            [workload.allocation_id for workload in settled if workload.state == "placed"]
+        )
+        for workload in settled:
+            record = records.get(workload.allocation_id)
+            statuses[workload.allocation_id] = _placed_status(record) if record else _status(workload)
+        for item in batch:
+            if not item.future.done():
+                item.future.set_result(statuses[allocation_id_for(item.submission.workload)])
 
     async def retry_pending(self) -> int:
         """Try every pending workload again (highest priority first); returns how many were placed."""
+        pending = await self.store.pending()
         placed = 0
-        for stored in await self.store.pending():
+        for start in range(0, len(pending), MAX_BATCH):
             async with self._lock:
-                status = await self._try_place(stored, cause=None, announce=False)
-            placed += status.state == "placed"
+                statuses = await self._place_batch(
+                    [(stored, None) for stored in pending[start : start + MAX_BATCH]], announce=False
+                )
+            placed += sum(status.state == "placed" for status in statuses.values())
         return placed
+
+    async def _place_batch(
+        self, entries: list[tuple[StoredWorkload, UUID | None]], *, announce: bool, refreshed: bool = False
+    ) -> dict[UUID, WorkloadStatus]:
+        """Place `entries` in order against the view, reserve those that fit in one transaction, and
+        place every other one (and any the ledger refused) on its own. Call with the lock held."""
+        statuses: dict[UUID, WorkloadStatus] = {}
+        tentative: list[_Tentative] = []
+        alone: list[tuple[StoredWorkload, UUID | None]] = []
+        # Once a workload needs the full path (it may preempt), no lower-priority one jumps ahead of it.
+        waiting_priority: Priority | None = None
+        for stored, cause in entries:
+            priority = Priority.of(stored.submission.priority, stored.submission.request.qos)
+            quick = None
+            if waiting_priority is None or priority >= waiting_priority:
+                quick = self._quick_placement(stored)
+            if quick is None:
+                alone.append((stored, cause))
+                waiting_priority = priority if waiting_priority is None else max(waiting_priority, priority)
+                continue
+            outcome, request = quick
+            self.view.apply(outcome)
+            tentative.append(_Tentative(stored, cause, outcome, request))
+        if tentative:
+            results = await self.ledger.reserve_many(
+                [
+                    _reservation(t.stored.allocation_id, t.stored.submission, t.request, t.outcome, t.cause)
+                    for t in tentative
+                ],
+                commit=True,
+            )
+            refused: list[tuple[_Tentative, ReservationResult]] = []
+            placed: list[UUID] = []
+            for t, result in zip(tentative, results, strict=True):
+                if isinstance(result, Reserved) and not result.replayed:
+                    placed.append(t.stored.allocation_id)
+                    self.active[t.stored.allocation_id] = self._active(result.allocation, t.stored)
+                    statuses[t.stored.allocation_id] = _placed_status(result.allocation)
+                else:
+                    refused.append((t, result))
+            replayed: list[tuple[_Tentative, AllocationRecord]] = []
+            for t, result in refused:
+                self.view.release(t.outcome)
+                if isinstance(result, Reserved):
+                    replayed.append((t, result.allocation))
+                else:
+                    alone.append((t.stored, t.cause))
+            # Workloads another scheduler placed meanwhile: take its allocation as this one's.
+            taken_over = [(t, record) for t, record in replayed if record.state != "released"]
+            for t, record in taken_over:
+                if record.state == "reserved":
+                    await self.ledger.commit(record.allocation_id)
+                self.active[record.allocation_id] = self._active(record, t.stored)
+                statuses[record.allocation_id] = _placed_status(record)
+            placed.extend(record.allocation_id for _t, record in taken_over)
+            await self.store.mark_placed(placed, self.clock())
+            for t, record in replayed:
+                if record.state == "released":
+                    statuses[record.allocation_id] = await self._placed(
+                        t.stored, Reserved(record, True), t.outcome
+                    )
+            touched = {t.outcome.node for t, _result in refused} | {record.node for _t, record in replayed}
+            for node in sorted(touched):
+                await self._rebuild_node(node)
+        if (
+            alone
+            and not refreshed
+            and self._may_full_refresh()
+            and any(self._unplaceable(stored) for stored, _cause in alone)
+        ):
+            await self._full_refresh()
+            statuses.update(await self._place_batch(alone, announce=announce, refreshed=True))
+            return statuses
+        waiting: list[tuple[StoredWorkload, UUID | None, str, Rejection]] = []
+        for stored, cause in alone:
+            verdict = self._unplaceable(stored)
+            if verdict is None:
+                statuses[stored.allocation_id] = await self._try_place(stored, cause=cause, announce=announce)
+            else:
+                waiting.append((stored, cause, *verdict))
+        statuses.update(await self._wait_many(waiting, announce))
+        return statuses
+
+    def _unplaceable(self, stored: StoredWorkload) -> tuple[str, Rejection] | None:
+        """The unschedulable summary when the workload fits nowhere in the view and preempts nobody;
+        None when it may be placed (or needs the full path: a quota, an invalid request)."""
+        submission = stored.submission
+        workload = submission.workload
+        if workload.namespace in self.quotas:
+            return None
+        try:
+            wanted = placement_request(
+                f"{workload.namespace}/{workload.name}",
+                submission.request,
+                tolerations=submission.tolerations,
+                node_selector=submission.node_selector,
+            )
+        except PlacementRequestError:
+            return None
+        profile = self.profile(submission.request.pool)
+        outcome = place(wanted, self.view, profile)
+        if not isinstance(outcome, Rejection):
+            return None
+        priority = Priority.of(submission.priority, submission.request.qos)
+        plan = plan_preemption(
+            wanted, priority, self.view.nodes, self._candidates(priority), profile, self.clock()
+        )
+        if not isinstance(plan, NoPreemption):
+            return None
+        return unschedulable_summary(outcome, self.blocked, preemption_reason=plan.reason), outcome
+
+    async def _wait_many(
+        self, waiting: list[tuple[StoredWorkload, UUID | None, str, Rejection]], announce: bool
+    ) -> dict[UUID, WorkloadStatus]:
+        """`_wait` for many workloads with a few statements: keep them pending with their reasons."""
+        if not waiting:
+            return {}
+        statuses: dict[UUID, WorkloadStatus] = {}
+        existing = await self.ledger.get_allocations([stored.allocation_id for stored, *_rest in waiting])
+        reasons = {
+            stored.allocation_id: reason
+            for stored, _cause, reason, _rejection in waiting
+            if stored.allocation_id not in existing
+        }
+        kept = await self.store.keep_pending(reasons, self.clock())
+        announcements = []
+        for stored, cause, reason, rejection in waiting:
+            if stored.allocation_id not in kept:
+                # Another scheduler placed (or ended) it meanwhile: report what the ledger holds.
+                statuses[stored.allocation_id] = await self._status_of(stored.allocation_id)
+                continue
+            statuses[stored.allocation_id] = _status(replace(stored, state="pending", reason=reason))
+            if announce or stored.reason != reason:
+                announcements.append(self._announce(stored, reason, rejection, cause))
+        await asyncio.gather(*announcements)
+        return statuses
+
+    def _quick_placement(self, stored: StoredWorkload) -> tuple[Placement, GpuRequest] | None:
+        """Where the workload goes in the view when nothing special applies (no quota, it fits)."""
+        submission = stored.submission
+        workload = submission.workload
+        if workload.namespace in self.quotas:
+            return None
+        try:
+            wanted = placement_request(
+                f"{workload.namespace}/{workload.name}",
+                submission.request,
+                tolerations=submission.tolerations,
+                node_selector=submission.node_selector,
+            )
+        except PlacementRequestError:
+            return None
+        outcome = place(wanted, self.view, self.profile(submission.request.pool))
+        return None if isinstance(outcome, Rejection) else (outcome, submission.request)
 
     async def _try_place(
         self, stored: StoredWorkload, *, cause: UUID | None, announce: bool = True
@@ -307,7 +536,7 @@ class Scheduler:
 
     async def _reserve(self, reservation: ReservationRequest) -> ReservationResult:
         try:
-            return await self.ledger.reserve(reservation)
+            return await self.ledger.reserve(reservation, commit=True)
         except IntegrityError:
             # Another scheduler reserved this workload on other GPUs at the same moment and committed
             # first; its outbox row (same event id) refused ours. The workload holds one allocation.
@@ -349,16 +578,11 @@ class Scheduler:
             await self._rebuild_node(record.node)
         else:
             self.view.apply(outcome)
-        await self.ledger.commit(record.allocation_id)
+        if record.state == "reserved":
+            await self.ledger.commit(record.allocation_id)
         self.active[record.allocation_id] = self._active(record, stored)
         await self.store.set_state(stored.allocation_id, "placed", None, now)
-        return WorkloadStatus(
-            id=stored.allocation_id,
-            workload=record.workload,
-            state="placed",
-            node=record.node,
-            gpu_uuids=tuple(share.gpu_uuid for share in record.shares),
-        )
+        return _placed_status(record)
 
     async def _refuse(self, stored: StoredWorkload, reason: str, cause: UUID | None) -> WorkloadStatus:
         await self.store.set_state(stored.allocation_id, "refused", reason, self.clock())
@@ -448,9 +672,9 @@ class Scheduler:
                     record = await self.ledger.get_allocation(allocation_id)
                     if record is not None:
                         await self._rebuild_node(record.node)
-            stored = await self.store.get(allocation_id)
-            if stored is not None and stored.state in ("pending", "placed"):
-                await self.store.set_state(allocation_id, "ended", reason, self.clock())
+            await self.store.set_state(
+                allocation_id, "ended", reason, self.clock(), only_from=("pending", "placed")
+            )
         if released:
             self.capacity_freed.set()
         return released
@@ -510,6 +734,22 @@ class Scheduler:
         else:
             result.update(placed=False, summary=unschedulable_summary(outcome, self.blocked))
         return result
+
+
+def _fail(items: list[_Queued], error: BaseException) -> None:
+    for item in items:
+        if not item.future.done():
+            item.future.set_exception(error)
+
+
+def _placed_status(record: AllocationRecord) -> WorkloadStatus:
+    return WorkloadStatus(
+        id=record.allocation_id,
+        workload=record.workload,
+        state="placed",
+        node=record.node,
+        gpu_uuids=tuple(share.gpu_uuid for share in record.shares),
+    )
 
 
 def _status(stored: StoredWorkload) -> WorkloadStatus:

@@ -146,6 +146,7 @@ class KubernetesMode:
         self._busy: set[str] = set()
         self._workers: set[asyncio.Task[None]] = set()
         self._gate = asyncio.Semaphore(concurrency)
+        self._cordons: dict[str, bool] = {}
         self.idle = asyncio.Event()
         self.idle.set()
 
@@ -188,6 +189,34 @@ class KubernetesMode:
                 return
             freed.clear()
             self.retry_pending()
+
+    async def follow_cordons(self, stop: asyncio.Event, *, interval_s: float) -> None:
+        """Apply `kubectl cordon` and `uncordon` to placement, checking the nodes every `interval_s`."""
+        while not stop.is_set():
+            try:
+                await self.sync_cordons()
+            except ClusterError as error:
+                log.warning("reading node cordons failed, retrying: %s", error)
+            await _wait(stop, interval_s)
+
+    async def sync_cordons(self) -> int:
+        """Copy a node's cordon (`spec.unschedulable`) to the ledger when it changes in the cluster (or is
+        first seen cordoned), so no new pod lands on a cordoned node; returns how many nodes changed.
+
+        Only changes are copied: a cordon set in the ledger by other means is left alone until the
+        node's own flag changes."""
+        known = {node.name: node.cordoned for node in await self.scheduler.ledger.list_nodes()}
+        changed = 0
+        for node in await self.cluster.list_nodes():
+            seen = self._cordons.get(node.name)
+            self._cordons[node.name] = node.cordoned
+            if node.name not in known or seen == node.cordoned or (seen is None and not node.cordoned):
+                continue
+            if known[node.name] != node.cordoned:
+                changed += await self.scheduler.ledger.set_node_cordoned(node.name, node.cordoned)
+        if changed:
+            await self.scheduler.recheck_nodes()
+        return changed
 
     def retry_pending(self) -> None:
         """Queue every waiting pod for another placement attempt, highest priority first."""
@@ -467,7 +496,8 @@ class KubernetesWiring:
     owns_cluster: bool
 
     def tasks(self, stop: asyncio.Event) -> dict[str, Callable[[], Coroutine[Any, Any, None]]]:
-        """The service tasks (replacing local mode's `retry-pending`): pods, retries, status."""
+        """The service tasks (replacing local mode's `retry-pending`): pods, retries, status, and node
+        cordons (checked as often as the ledger is polled for status)."""
 
         async def pods() -> None:
             try:
@@ -481,6 +511,7 @@ class KubernetesWiring:
             "kubernetes-pods": pods,
             "retry-pending": lambda: self.mode.retry_on_freed_capacity(stop, interval_s=self.retry_s),
             "custom-status": lambda: self.status.run(stop),
+            "node-cordons": lambda: self.mode.follow_cordons(stop, interval_s=self.status.poll_interval_s),
         }
 
 

@@ -6,6 +6,8 @@ scheduler retries when capacity or quota frees. This module does SQL only; decis
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -33,6 +35,32 @@ scheduler_workload = sa.Table(
     sa.Column("reason", sa.Text(), nullable=True),
     sa.Column("submitted_at", sa.DateTime(timezone=True), nullable=False),
     sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
+)
+
+
+_INSERT_MANY = sa.text(
+    """
+INSERT INTO scheduler_workload (
+    allocation_id, namespace, name, uid, submission, priority, qos_rank, state, submitted_at, updated_at
+)
+SELECT r.allocation_id, r.namespace, r.name, r.uid, r.submission, r.priority, r.qos_rank,
+    'pending', :now, :now
+FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS r(
+    allocation_id uuid, namespace text, name text, uid text, submission jsonb,
+    priority integer, qos_rank integer
+)
+ON CONFLICT (allocation_id) DO NOTHING
+RETURNING allocation_id
+"""
+)
+
+_KEEP_PENDING = sa.text(
+    """
+UPDATE scheduler_workload AS w SET reason = r.reason, updated_at = :now
+FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS r(allocation_id uuid, reason text)
+WHERE w.allocation_id = r.allocation_id AND w.state = 'pending'
+RETURNING w.allocation_id
+"""
 )
 
 
@@ -87,6 +115,59 @@ class WorkloadStore:
                 )
             ).one()
             return _stored(row)
+
+    async def insert_many(
+        self, entries: Sequence[tuple[UUID, Submission]], now: datetime
+    ) -> dict[UUID, StoredWorkload]:
+        """`insert` each entry in one statement; returns every entry's row, new or existing, by id."""
+        submissions = dict(entries)
+        if not submissions:
+            return {}
+        rows = [
+            {
+                "allocation_id": str(allocation_id),
+                "namespace": submission.workload.namespace,
+                "name": submission.workload.name,
+                "uid": submission.workload.uid,
+                "submission": submission.model_dump(mode="json"),
+                "priority": submission.priority,
+                "qos_rank": QOS_RANK[submission.request.qos],
+            }
+            for allocation_id, submission in submissions.items()
+        ]
+        async with self.engine.begin() as connection:
+            inserted = await connection.execute(_INSERT_MANY, {"rows": json.dumps(rows), "now": now})
+            found = {
+                allocation_id: StoredWorkload(allocation_id, submissions[allocation_id], "pending", None, now)
+                for (allocation_id,) in inserted
+            }
+            missing = [allocation_id for allocation_id in submissions if allocation_id not in found]
+            if missing:
+                existing = await connection.execute(
+                    sa.select(scheduler_workload).where(scheduler_workload.c.allocation_id.in_(missing))
+                )
+                found.update({row.allocation_id: _stored(row) for row in existing})
+            return found
+
+    async def mark_placed(self, allocation_ids: Sequence[UUID], now: datetime) -> None:
+        """Move every one of `allocation_ids` to `placed` in one statement."""
+        if not allocation_ids:
+            return
+        async with self.engine.begin() as connection:
+            await connection.execute(
+                sa.update(scheduler_workload)
+                .where(scheduler_workload.c.allocation_id.in_(allocation_ids))
+                .values(state="placed", reason=None, updated_at=now)
+            )
+
+    async def keep_pending(self, reasons: dict[UUID, str], now: datetime) -> set[UUID]:
+        """Set each still-pending workload's reason in one statement; returns the ids that were pending."""
+        if not reasons:
+            return set()
+        rows = [{"allocation_id": str(key), "reason": reason} for key, reason in reasons.items()]
+        async with self.engine.begin() as connection:
+            kept = await connection.execute(_KEEP_PENDING, {"rows": json.dumps(rows), "now": now})
+            return {allocation_id for (allocation_id,) in kept}
 
     async def get(self, allocation_id: UUID) -> StoredWorkload | None:
         async with self.engine.connect() as connection:

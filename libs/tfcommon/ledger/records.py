@@ -194,6 +194,8 @@ class ReservationRequest:
     `allocation_id` is chosen by the caller (derive it from the triggering event to make retries
     safe): reserving an id that already exists takes no capacity again and returns it as `replayed`.
     `cause` is the event id that led to the reservation; it is stored in the history.
+    `eviction_protection_s` is the pod's `tensor-fusion.ai/eviction-protection` in seconds (None: none);
+    billing charges `evictionProtectionPriceRatio` from the reservation until it ends.
     """
 
     allocation_id: UUID
@@ -204,9 +206,12 @@ class ReservationRequest:
     qos: QoS = "medium"
     isolation: Isolation = "soft"
     cause: UUID | None = None
+    eviction_protection_s: int | None = None
 
     def __post_init__(self) -> None:
         _require_name("pool", self.pool)
+        if self.eviction_protection_s is not None:
+            _require_not_negative("eviction_protection_s", self.eviction_protection_s)
         _require_name("node", self.node)
         _require_name("workload.namespace", self.workload.namespace)
         _require_name("workload.name", self.workload.name)

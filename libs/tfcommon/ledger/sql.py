@@ -8,14 +8,17 @@ This module does not publish to NATS and does not decide placement.
 
 from __future__ import annotations
 
-import contextlib
+import json
 import logging
+import re
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any, cast
 from uuid import UUID
 
-from sqlalchemy import Row, and_, select, update
+import psycopg
+from sqlalchemy import Row, and_, select, text, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
@@ -45,8 +48,10 @@ from tfcommon.ledger.records import (
     ReservationResult,
     Reserved,
     ShareRecord,
+    ShareRequest,
 )
 from tfcommon.ledger.urls import ledger_url
+from tfcommon.service_metrics import record_ledger_retry
 
 log = logging.getLogger(__name__)
 
@@ -58,14 +63,6 @@ RETRYABLE_SQLSTATES = frozenset({"40P01", "40001"})  # deadlock_detected, serial
 
 def utc_now() -> datetime:
     return datetime.now(UTC)
-
-
-class _ReservationAbortedError(Exception):
-    """Leaves a transaction without committing, carrying the result to return."""
-
-    def __init__(self, result: ReservationResult) -> None:
-        super().__init__("rolled back")
-        self.result = result
 
 
 class SqlLedger:
@@ -238,6 +235,16 @@ class SqlLedger:
         async with self.engine.connect() as connection:
             return await _load_allocation(connection, allocation_id)
 
+    async def get_allocations(self, allocation_ids: Sequence[UUID]) -> dict[UUID, AllocationRecord]:
+        """The allocations (in any state) among `allocation_ids`, by id, read in one query."""
+        if not allocation_ids:
+            return {}
+        async with self.engine.connect() as connection:
+            rows = await connection.execute(
+                select(tables.allocation).where(tables.allocation.c.allocation_id.in_(allocation_ids))
+            )
+            return {record.allocation_id: record for record in _allocation_records(rows.all())}
+
     async def history(self, allocation_id: UUID | None = None) -> list[HistoryRecord]:
         """History entries in the order they were written, for one allocation or all of them."""
         query = select(tables.allocation_history).order_by(tables.allocation_history.c.id)
@@ -260,140 +267,62 @@ class SqlLedger:
 
     # ---------------------------------------------------------------------------------- changes
 
-    async def reserve(self, request: ReservationRequest) -> ReservationResult:
+    async def reserve(self, request: ReservationRequest, *, commit: bool = False) -> ReservationResult:
         """Take the shares' capacity on every GPU, or on none, and announce `AllocationCreated`.
 
         Returns `Reserved` (with `replayed=True` when this `allocation_id` was already reserved: no
         capacity is taken twice and no second event is written), `InsufficientCapacity` naming the
         first GPU and resource that lacked room, or `ReservationRejected` for an unknown GPU or pool, a
         GPU on another node or one that is not Running. Never over-allocates, whatever the concurrency.
+        With `commit=True` the allocation is written already bound (`committed`, with both history
+        entries), saving the separate `commit()` transaction where binding cannot fail (local mode).
         """
-        return (await self.reserve_many([request]))[0]
+        return (await self.reserve_many([request], commit=commit))[0]
 
-    async def reserve_many(self, requests: Sequence[ReservationRequest]) -> list[ReservationResult]:
+    async def reserve_many(
+        self, requests: Sequence[ReservationRequest], *, commit: bool = False
+    ) -> list[ReservationResult]:
         """`reserve()` each request, in order, in one transaction: one commit for the whole batch.
 
-        Each request is still all or nothing on its own (a savepoint each), so one that does not fit
-        does not undo the others. Results come back in request order. If Postgres aborts the batch to
-        break a deadlock with another writer, the batch is retried from the start.
+        Each request is one SQL statement and all or nothing on its own, so one that does not fit
+        does not undo the others. Results come back in request order. If a statement wrote part of a
+        reservation (another writer reserved the same allocation id at the same moment), the batch is
+        rolled back and redone with a savepoint per request; if Postgres aborts the batch to break a
+        deadlock with another writer, it is retried from the start.
         """
         for attempt in range(1, DEADLOCK_ATTEMPTS + 1):
             try:
-                return await self._reserve_batch(requests)
+                try:
+                    return await self._reserve_batch(requests, commit=commit, isolated=False)
+                except (_PartialReservationError, IntegrityError):
+                    return await self._reserve_batch(requests, commit=commit, isolated=True)
             except DBAPIError as error:
                 if _sqlstate(error) not in RETRYABLE_SQLSTATES or attempt == DEADLOCK_ATTEMPTS:
                     raise
+                record_ledger_retry("reserve")
                 log.info(
                     "reservation batch aborted to break a deadlock; retrying",
                     extra={"outcome": "retry", "attempt": attempt, "batch": len(requests)},
                 )
         raise AssertionError("unreachable")
 
-    async def _reserve_batch(self, requests: Sequence[ReservationRequest]) -> list[ReservationResult]:
+    async def _reserve_batch(
+        self, requests: Sequence[ReservationRequest], *, commit: bool, isolated: bool
+    ) -> list[ReservationResult]:
         now = self._clock()
         results: list[ReservationResult] = []
-        # A lone request needs no savepoint: refusing it rolls the whole transaction back.
-        alone = len(requests) == 1
-        try:
-            async with self.engine.begin() as connection:
-                for request in requests:
-                    existing = await _load_allocation(connection, request.allocation_id)
-                    if existing is not None:
-                        results.append(Reserved(allocation=existing, replayed=True))
-                        continue
-                    try:
-                        async with contextlib.nullcontext() if alone else connection.begin_nested():
-                            results.append(await self._reserve_one(connection, request, now))
-                    except (_ReservationAbortedError, IntegrityError) as refusal:
-                        if alone:
-                            raise
-                        results.append(_refusal_result(request, refusal))
-        except (_ReservationAbortedError, IntegrityError) as refusal:
-            return [_refusal_result(requests[0], refusal)]
+        async with self.engine.begin() as connection:
+            for request in requests:
+                if not isolated:
+                    return await _reserve_pipelined(connection, requests, now, commit)
+                try:
+                    async with connection.begin_nested():
+                        results.append(await _reserve_one(connection, request, now, commit))
+                except _PartialReservationError:
+                    results.append(await _unreserved_result(connection, request))
+                except IntegrityError as refusal:
+                    results.append(_refusal_result(request, refusal))
         return results
-
-    async def _reserve_one(
-        self, connection: AsyncConnection, request: ReservationRequest, now: datetime
-    ) -> Reserved:
-        await self._take_capacity(connection, request, now)
-        await self._insert_allocation(connection, request, now)
-        allocation = _reserved_record(request, now)
-        await _write_outbox(connection, _allocation_created(allocation, request.cause, now))
-        return Reserved(allocation=allocation)
-
-    async def _take_capacity(
-        self, connection: AsyncConnection, request: ReservationRequest, now: datetime
-    ) -> None:
-        gpu = tables.gpu.c
-        # A fixed lock order (by GPU UUID) keeps multi-GPU reservations from deadlocking each other.
-        for share in sorted(request.shares, key=lambda share: share.gpu_uuid):
-            statement = (
-                update(tables.gpu)
-                .where(
-                    and_(
-                        gpu.uuid == share.gpu_uuid,
-                        gpu.node_name == request.node,
-                        gpu.phase == "Running",
-                        gpu.used_tflops_milli + share.tflops_milli <= gpu.capacity_tflops_milli,
-                        gpu.used_vram_bytes + share.vram_bytes <= gpu.capacity_vram_bytes,
-                    )
-                )
-                .values(
-                    used_tflops_milli=gpu.used_tflops_milli + share.tflops_milli,
-                    used_vram_bytes=gpu.used_vram_bytes + share.vram_bytes,
-                    version=gpu.version + 1,
-                    updated_at=now,
-                )
-                .returning(gpu.uuid)
-            )
-            if (await connection.execute(statement)).first() is None:
-                raise _ReservationAbortedError(await _explain_refusal(connection, request, share.gpu_uuid))
-
-    async def _insert_allocation(
-        self, connection: AsyncConnection, request: ReservationRequest, now: datetime
-    ) -> None:
-        rows = [
-            {
-                "allocation_id": request.allocation_id,
-                "gpu_uuid": share.gpu_uuid,
-                "state": "reserved",
-                "workload_namespace": request.workload.namespace,
-                "workload_name": request.workload.name,
-                "workload_uid": request.workload.uid,
-                "workload_owner": request.workload.workload,
-                "qos": request.qos,
-                "isolation": request.isolation,
-                "pool_name": request.pool,
-                "node_name": request.node,
-                "request_tflops_milli": share.tflops_milli,
-                "request_vram_bytes": share.vram_bytes,
-                "limit_tflops_milli": share.effective_limit_tflops_milli,
-                "limit_vram_bytes": share.effective_limit_vram_bytes,
-                "created_at": now,
-            }
-            for share in request.shares
-        ]
-        # A concurrent reserve of the same allocation_id waits here on the unique index until the
-        # other commits; then nothing is inserted and this transaction backs out as a replay.
-        inserted = await connection.execute(
-            insert(tables.allocation)
-            .values(rows)
-            .on_conflict_do_nothing(index_elements=["allocation_id", "gpu_uuid"])
-            .returning(tables.allocation.c.gpu_uuid)
-        )
-        if len(inserted.all()) != len(rows):
-            existing = await self.get_allocation(request.allocation_id)
-            if existing is None:
-                raise RuntimeError(f"allocation {request.allocation_id} conflicted but cannot be read back")
-            raise _ReservationAbortedError(Reserved(allocation=existing, replayed=True))
-        await _append_history(
-            connection,
-            request.allocation_id,
-            [(share.gpu_uuid, share.tflops_milli, share.vram_bytes) for share in request.shares],
-            kind="opened",
-            occurred_at=now,
-            cause=request.cause,
-        )
 
     async def commit(self, allocation_id: UUID, cause: UUID | None = None) -> bool:
         """Mark a reserved allocation as bound to its workload. Idempotent: False if it was not `reserved`."""
@@ -483,11 +412,226 @@ class SqlLedger:
             return True
 
 
-async def _explain_refusal(
-    connection: AsyncConnection, request: ReservationRequest, gpu_uuid: str
+_RESERVE_STATEMENT = text(
+    """
+WITH shares AS (
+    SELECT * FROM jsonb_to_recordset(CAST(:shares AS jsonb)) AS s(
+        gpu_uuid text, share_index integer, tflops_milli bigint, vram_bytes bigint,
+        limit_tflops_milli bigint, limit_vram_bytes bigint
+    )
+),
+fresh AS (
+    SELECT NOT EXISTS (SELECT 1 FROM allocation WHERE allocation_id = CAST(:allocation_id AS uuid)) AS ok
+),
+fitting AS (
+    SELECT gpu.uuid FROM gpu JOIN shares s ON gpu.uuid = s.gpu_uuid
+    WHERE (SELECT ok FROM fresh)
+      AND gpu.node_name = :node AND gpu.phase = 'Running'
+      AND gpu.used_tflops_milli + s.tflops_milli <= gpu.capacity_tflops_milli
+      AND gpu.used_vram_bytes + s.vram_bytes <= gpu.capacity_vram_bytes
+    ORDER BY gpu.uuid
+    FOR UPDATE OF gpu
+),
+taken AS (
+    UPDATE gpu SET
+        used_tflops_milli = gpu.used_tflops_milli + s.tflops_milli,
+        used_vram_bytes = gpu.used_vram_bytes + s.vram_bytes,
+        version = gpu.version + 1,
+        updated_at = :now
+    FROM shares s
+    WHERE gpu.uuid = s.gpu_uuid
+      AND (SELECT count(*) FROM fitting) = :share_count
+      AND gpu.node_name = :node AND gpu.phase = 'Running'
+      AND gpu.used_tflops_milli + s.tflops_milli <= gpu.capacity_tflops_milli
+      AND gpu.used_vram_bytes + s.vram_bytes <= gpu.capacity_vram_bytes
+    RETURNING gpu.uuid
+),
+allocated AS (
+    INSERT INTO allocation (
+        allocation_id, gpu_uuid, share_index, state, workload_namespace, workload_name, workload_uid,
+        workload_owner, qos, isolation, pool_name, node_name, request_tflops_milli, request_vram_bytes,
+        limit_tflops_milli, limit_vram_bytes, created_at, committed_at, eviction_protection_s
+    )
+    SELECT CAST(:allocation_id AS uuid), s.gpu_uuid, s.share_index, :state, :namespace, :name,
+        CAST(:uid AS text), CAST(:owner AS text), :qos, :isolation, :pool, :node, s.tflops_milli,
+        s.vram_bytes, s.limit_tflops_milli, s.limit_vram_bytes, :now, CAST(:committed_at AS timestamptz),
+        CAST(:eviction_protection_s AS bigint)
+    FROM shares s
+    WHERE (SELECT count(*) FROM taken) = :share_count
+    ON CONFLICT DO NOTHING
+    RETURNING gpu_uuid, request_tflops_milli, request_vram_bytes
+),
+opened AS (
+    INSERT INTO allocation_history (
+        allocation_id, gpu_uuid, kind, occurred_at, cause, tflops_milli, vram_bytes
+    )
+    SELECT CAST(:allocation_id AS uuid), a.gpu_uuid, k.kind, :now, CAST(:cause AS uuid),
+        a.request_tflops_milli, a.request_vram_bytes
+    FROM allocated a
+    CROSS JOIN jsonb_array_elements_text(CAST(:history_kinds AS jsonb)) WITH ORDINALITY AS k(kind, position)
+    WHERE (SELECT count(*) FROM allocated) = :share_count
+    ORDER BY k.position, a.gpu_uuid
+),
+announced AS (
+    INSERT INTO outbox (event_id, subject, event_type, payload, occurred_at)
+    SELECT CAST(:event_id AS uuid), :subject, :event_type, CAST(:payload AS jsonb), :now
+    WHERE (SELECT count(*) FROM allocated) = :share_count
+    RETURNING id
+)
+SELECT (SELECT ok FROM fresh) AS fresh,
+       (SELECT count(*) FROM taken) AS taken,
+       (SELECT count(*) FROM allocated) AS allocated,
+       (SELECT count(*) FROM announced) AS announced
+"""
+)
+"""One reservation in one round trip: lock the chosen GPUs in UUID order (a fixed order, so multi-GPU
+reservations cannot deadlock each other) keeping only those with room, take capacity only when every
+share has room, then write the allocation rows, their history and the outbox event. Nothing is written
+when the allocation id exists already or a share lacks room."""
+
+
+_RESERVE_QUERY = re.sub(r"(?<![:\w]):(\w+)", r"%(\1)s", _RESERVE_STATEMENT.text)
+"""`_RESERVE_STATEMENT` in psycopg's parameter style, for pipeline mode."""
+
+
+class _PartialReservationError(Exception):
+    """A reservation statement wrote part of a reservation; its transaction or savepoint must roll back."""
+
+
+async def _reserve_one(
+    connection: AsyncConnection, request: ReservationRequest, now: datetime, commit: bool
 ) -> ReservationResult:
-    share = next(share for share in request.shares if share.gpu_uuid == gpu_uuid)
-    row = (await connection.execute(select(tables.gpu).where(tables.gpu.c.uuid == gpu_uuid))).first()
+    allocation, parameters = _reservation_parameters(request, now, commit)
+    row = (await connection.execute(_RESERVE_STATEMENT, parameters)).one()
+    return await _judged(
+        connection, request, allocation, (row.fresh, row.taken, row.allocated, row.announced)
+    )
+
+
+async def _reserve_pipelined(
+    connection: AsyncConnection, requests: Sequence[ReservationRequest], now: datetime, commit: bool
+) -> list[ReservationResult]:
+    """Every request's statement sent at once (psycopg pipeline mode): one round trip for the batch.
+
+    A statement that fails (an unknown pool, a lost deadlock) fails the transaction; the caller redoes
+    the batch one savepoint per request."""
+    prepared = [_reservation_parameters(request, now, commit) for request in requests]
+    driver = (await connection.get_raw_connection()).driver_connection
+    assert driver is not None
+    cursors = []
+    try:
+        async with driver.pipeline():
+            for _allocation, parameters in prepared:
+                cursor = driver.cursor()
+                await cursor.execute(_RESERVE_QUERY, parameters, prepare=True)
+                cursors.append(cursor)
+        rows = [await cursor.fetchone() for cursor in cursors]
+    except psycopg.Error as error:
+        raise _PartialReservationError(f"pipelined reservation failed: {error}") from error
+    results: list[ReservationResult] = []
+    for request, (allocation, _parameters), row in zip(requests, prepared, rows, strict=True):
+        assert row is not None
+        results.append(await _judged(connection, request, allocation, tuple(row)))
+    return results
+
+
+def _reservation_parameters(
+    request: ReservationRequest, now: datetime, commit: bool
+) -> tuple[AllocationRecord, dict[str, Any]]:
+    allocation = _reserved_record(request, now)
+    if commit:
+        allocation = replace(allocation, state="committed", committed_at=now)
+    event = _allocation_created(allocation, request.cause, now)
+    shares = request.shares
+    return allocation, {
+        "shares": json.dumps(
+            [
+                {
+                    "gpu_uuid": share.gpu_uuid,
+                    "share_index": index,
+                    "tflops_milli": share.tflops_milli,
+                    "vram_bytes": share.vram_bytes,
+                    "limit_tflops_milli": share.effective_limit_tflops_milli,
+                    "limit_vram_bytes": share.effective_limit_vram_bytes,
+                }
+                for index, share in enumerate(shares)
+            ]
+        ),
+        "share_count": len(shares),
+        "allocation_id": request.allocation_id,
+        "node": request.node,
+        "now": now,
+        "state": allocation.state,
+        "committed_at": allocation.committed_at,
+        "namespace": request.workload.namespace,
+        "name": request.workload.name,
+        "uid": request.workload.uid,
+        "owner": request.workload.workload,
+        "qos": request.qos,
+        "isolation": request.isolation,
+        "pool": request.pool,
+        "eviction_protection_s": request.eviction_protection_s,
+        "cause": request.cause,
+        "history_kinds": '["opened", "committed"]' if commit else '["opened"]',
+        "event_id": event.event_id,
+        "subject": event.routing_subject(),
+        "event_type": event.event_type(),
+        "payload": event.model_dump_json(),
+    }
+
+
+async def _judged(
+    connection: AsyncConnection,
+    request: ReservationRequest,
+    allocation: AllocationRecord,
+    counts: tuple[Any, ...],
+) -> ReservationResult:
+    """The result of one reservation statement from its counts (`fresh`, `taken`, `allocated`,
+    `announced`); raises `_PartialReservationError` when it wrote part of a reservation."""
+    fresh, taken, allocated, announced = counts
+    if announced == 1 and allocated == len(request.shares):
+        return Reserved(allocation=allocation)
+    if taken or allocated:
+        raise _PartialReservationError(str(request.allocation_id))
+    if not fresh:
+        existing = await _load_allocation(connection, request.allocation_id)
+        if existing is not None:
+            return Reserved(allocation=existing, replayed=True)
+    return await _unreserved_result(connection, request)
+
+
+async def _unreserved_result(connection: AsyncConnection, request: ReservationRequest) -> ReservationResult:
+    """Why `request` was not reserved, read after its writes were undone: it exists (a replay), or the
+    first share (in lock order) that has no room."""
+    existing = await _load_allocation(connection, request.allocation_id)
+    if existing is not None:
+        return Reserved(allocation=existing, replayed=True)
+    ordered = sorted(request.shares, key=lambda share: share.gpu_uuid)
+    rows = {
+        row.uuid: row
+        for row in await connection.execute(
+            select(tables.gpu).where(tables.gpu.c.uuid.in_([share.gpu_uuid for share in ordered]))
+        )
+    }
+    for share in ordered:
+        refusal = _share_refusal(request, share, rows.get(share.gpu_uuid))
+        if refusal is not None:
+            return refusal
+    # Room was freed by a release committed after the statement ran: report the first share as full.
+    first = ordered[0]
+    return InsufficientCapacity(
+        gpu_uuid=first.gpu_uuid,
+        resource="tflops",
+        requested=first.tflops_milli,
+        available=0,
+        capacity=rows[first.gpu_uuid].capacity_tflops_milli if first.gpu_uuid in rows else 0,
+    )
+
+
+def _share_refusal(
+    request: ReservationRequest, share: ShareRequest, row: Row[Any] | None
+) -> ReservationResult | None:
+    gpu_uuid = share.gpu_uuid
     if row is None:
         return ReservationRejected(
             field="shares[].gpu_uuid", message=f"GPU {gpu_uuid} is not in the ledger; pick a registered GPU"
@@ -510,14 +654,16 @@ async def _explain_refusal(
             available=free_tflops,
             capacity=row.capacity_tflops_milli,
         )
-    # VRAM lacked room (or TFLOPS was freed by a release committed since our update was refused).
-    return InsufficientCapacity(
-        gpu_uuid=gpu_uuid,
-        resource="vram",
-        requested=share.vram_bytes,
-        available=row.capacity_vram_bytes - row.used_vram_bytes,
-        capacity=row.capacity_vram_bytes,
-    )
+    free_vram = row.capacity_vram_bytes - row.used_vram_bytes
+    if share.vram_bytes > free_vram:
+        return InsufficientCapacity(
+            gpu_uuid=gpu_uuid,
+            resource="vram",
+            requested=share.vram_bytes,
+            available=free_vram,
+            capacity=row.capacity_vram_bytes,
+        )
+    return None
 
 
 async def _append_history(
@@ -686,11 +832,7 @@ def _gpu_record(row: Row[Any]) -> GpuRecord:
     )
 
 
-def _refusal_result(
-    request: ReservationRequest, refusal: _ReservationAbortedError | IntegrityError
-) -> ReservationResult:
-    if isinstance(refusal, _ReservationAbortedError):
-        return refusal.result
+def _refusal_result(request: ReservationRequest, refusal: IntegrityError) -> ReservationResult:
     if _constraint_name(refusal) == "fk_allocation_pool_name_pool":
         return ReservationRejected(
             field="pool", message=f"pool {request.pool!r} is not in the ledger; register it first"

@@ -12,7 +12,9 @@ One writer per table (others only read):
 
 Quantities are integers only: TFLOPS in milli-TFLOPS, memory in bytes; every time is `timestamptz`.
 The database enforces capacity (`CHECK used <= capacity`, `used >= 0`), not only Python.
-Migration `0001_initial` creates exactly these tables; a test compares the two.
+Migration `0001_initial` creates these tables (`0006_metrics_recommendations` adds
+`allocation.eviction_protection_s`, `0007_allocation_share_index` adds `allocation.share_index`
+and its unique index); a test compares the migrated schema with them.
 """
 
 from __future__ import annotations
@@ -130,6 +132,7 @@ allocation = Table(
     Column("id", BigInteger, Identity(always=True), primary_key=True),
     Column("allocation_id", Uuid(), nullable=False),
     Column("gpu_uuid", Text, ForeignKey("gpu.uuid"), nullable=False),
+    Column("share_index", Integer, nullable=False),
     Column("state", Text, nullable=False),
     Column("workload_namespace", Text, nullable=False),
     Column("workload_name", Text, nullable=False),
@@ -147,6 +150,7 @@ allocation = Table(
     Column("committed_at", DateTime(timezone=True), nullable=True),
     Column("released_at", DateTime(timezone=True), nullable=True),
     Column("release_reason", Text, nullable=True),
+    Column("eviction_protection_s", BigInteger, nullable=True),
     CheckConstraint(_one_of("state", ALLOCATION_STATES), name="state_known"),
     CheckConstraint(_one_of("qos", QOS_LEVELS), name="qos_known"),
     CheckConstraint(_one_of("isolation", ISOLATION_MODES), name="isolation_known"),
@@ -155,7 +159,11 @@ allocation = Table(
     CheckConstraint("limit_tflops_milli >= request_tflops_milli", name="limit_tflops_covers_request"),
     CheckConstraint("limit_vram_bytes >= request_vram_bytes", name="limit_vram_covers_request"),
     CheckConstraint("(state = 'released') = (released_at IS NOT NULL)", name="released_at_iff_released"),
+    CheckConstraint("eviction_protection_s >= 0", name="eviction_protection_not_negative"),
+    CheckConstraint("share_index >= 0", name="share_index_not_negative"),
     UniqueConstraint("allocation_id", "gpu_uuid"),
+    # One reservation per allocation id: two writers reserving it on different GPUs both write share 0.
+    UniqueConstraint("allocation_id", "share_index"),
     Index("ix_allocation_active_gpu_uuid", "gpu_uuid", postgresql_where=text("state <> 'released'")),
     Index(None, "workload_namespace", "workload_name"),
 )

@@ -1,12 +1,11 @@
-"""The scheduler in local mode against real Postgres and NATS JetStream: placement, concurrency,
-restart, quotas, preemption and release."""
+"""The scheduler in local mode against real Postgres and NATS JetStream: placement, restart, quotas,
+preemption and release (two racing schedulers: `test_scheduler_two_processes.py`)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import time
-from collections import Counter
 from datetime import timedelta
 from typing import Any
 
@@ -57,45 +56,6 @@ async def _eventually(check: object, timeout_s: float = 10.0) -> None:
     while not check():
         assert time.monotonic() < deadline, "condition not met before the deadline"
         await asyncio.sleep(0.02)
-
-
-async def test_two_schedulers_place_2000_pods_without_over_allocation_or_duplicates(
-    database_url: str, ledger: SqlLedger, bus: NatsEventBus
-) -> None:
-    await register_nodes(ledger, nodes=8, gpus=8)  # 64 GPUs x 25 pods of 4 TFLOPS / 3 GiB = 1600
-    second_ledger = SqlLedger.create(database_url, pool_size=5)
-    try:
-        first, second = (
-            Scheduler(ledger, bus, heartbeat_timeout=LONG),
-            Scheduler(second_ledger, bus, heartbeat_timeout=LONG),
-        )
-        await first.start()
-        await second.start()
-        pods = [a_submission(tflops_milli=4_000, vram_bytes=3 * GIB) for _ in range(2_000)]
-        # Every pod goes to both schedulers at once: they race for the same workloads and GPUs.
-        statuses = await asyncio.gather(_submit_all(first, pods), _submit_all(second, pods))
-        assert {s.id for s in statuses[0]} == {s.id for s in statuses[1]}
-        assert len(await first.store.pending()) == 400
-        active = await ledger.active_allocations()
-        assert len(active) == 1_600
-        keys = Counter((a.workload.namespace, a.workload.name, a.workload.uid) for a in active)
-        assert max(keys.values()) == 1
-
-        # Free 400 places: the 400 pending pods are placed from the pending queue, none is lost.
-        for allocation in active[:400]:
-            assert await first.release(allocation.allocation_id, "workload-ended")
-        await second.start()
-        assert await second.retry_pending() == 400
-        final = await ledger.active_allocations()
-        assert len(final) == 1_600
-        ended = {a.allocation_id for a in active[:400]}
-        placed_ids = {a.allocation_id for a in final} | ended
-        assert len(placed_ids) == 2_000
-        await assert_history_never_over_capacity(ledger)
-        for gpu in await ledger.list_gpus():
-            assert gpu.used_tflops_milli <= gpu.capacity_tflops_milli
-    finally:
-        await second_ledger.close()
 
 
 async def test_a_restarted_scheduler_continues_a_burst_from_the_ledger(

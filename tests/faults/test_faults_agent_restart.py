@@ -1,0 +1,105 @@
+"""Found by the fault campaign: a node agent restarted after SIGKILL must still show the allocations
+placed on its node before the restart (its durable consumer only delivers what changed since)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from uuid import uuid4
+
+import httpx
+import psycopg
+import pytest
+from pydantic import SecretStr
+from sqlalchemy.engine import make_url
+from tfagent.app import build
+from tfcommon.events import WorkloadRef
+from tfcommon.gpu_models import GIB
+from tfcommon.infra import free_port
+from tfcommon.ledger.migrate import upgrade_head
+from tfcommon.ledger.records import GpuSpec, NodeSpec, ReservationRequest, Reserved, ShareRequest
+from tfcommon.ledger.sql import SqlLedger
+from tfcommon.runtime import serve
+from tfcommon.settings import AgentSettings, DatabaseSettings, NatsSettings
+
+pytestmark = pytest.mark.integration
+
+
+def _conninfo(url: str) -> str:
+    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+@pytest.fixture
+def database_url(postgres_server_url: str) -> Iterator[str]:
+    name = f"faults_agent_{uuid4().hex[:12]}"
+    with psycopg.connect(_conninfo(postgres_server_url), autocommit=True) as connection:
+        connection.execute(f'CREATE DATABASE "{name}"')
+    url = make_url(postgres_server_url).set(database=name).render_as_string(hide_password=False)
+    try:
+        upgrade_head(url)
+        yield url
+    finally:
+        with psycopg.connect(_conninfo(postgres_server_url), autocommit=True) as connection:
+            connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+async def _allocate(database_url: str, node: str) -> str:
+    ledger = SqlLedger.create(database_url)
+    try:
+        await ledger.upsert_pool("default")
+        await ledger.upsert_node(NodeSpec(name=node, pool="default"))
+        gpu = f"gpu-{uuid4()}"
+        await ledger.upsert_gpu(GpuSpec(gpu, node, 0, "H100", "NVIDIA", 989_000, 80 * GIB))
+        allocation_id = uuid4()
+        result = await ledger.reserve(
+            ReservationRequest(
+                allocation_id=allocation_id,
+                workload=WorkloadRef(namespace="ml", name=f"train-{node}", uid=str(uuid4())),
+                pool="default",
+                node=node,
+                shares=(ShareRequest(gpu, 100_000, 8 * GIB),),
+            ),
+            commit=True,
+        )
+        assert isinstance(result, Reserved)
+        return str(allocation_id)
+    finally:
+        await ledger.close()
+
+
+async def test_a_restarted_agent_shows_the_allocations_the_ledger_holds_for_its_node(
+    nats_url: str, database_url: str
+) -> None:
+    node = f"node-{uuid4().hex[:10]}"
+    mine = await _allocate(database_url, node)
+    elsewhere = await _allocate(database_url, f"{node}-other")
+    settings = AgentSettings(
+        nats=NatsSettings(url=nats_url),
+        database=DatabaseSettings(url=database_url),
+        bind_host="127.0.0.1",
+        port=free_port(),
+        node_name=node,
+        fake_gpus="H100:1",
+        api_token=SecretStr("token"),
+    )
+    stop = asyncio.Event()
+    service = asyncio.create_task(serve(build(settings), stop=stop))
+    try:
+        deadline = asyncio.get_running_loop().time() + 30
+        workers: list[str] = []
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{settings.port}", timeout=5) as client:
+            while not workers:
+                assert asyncio.get_running_loop().time() < deadline, "the agent showed no worker within 30s"
+                assert not service.done(), f"the agent stopped: {service.exception()!r}"
+                try:
+                    answer = await client.get("/api/v1/workers")
+                    workers = [worker["worker_uid"] for worker in answer.json()["data"]]
+                except httpx.TransportError:
+                    workers = []
+                if not workers:
+                    await asyncio.sleep(0.1)
+        assert workers == [mine]
+        assert elsewhere not in workers
+    finally:
+        stop.set()
+        await service
