@@ -133,9 +133,31 @@ def build_router(scheduler: Scheduler, api_token: SecretStr | None) -> APIRouter
             for record in await scheduler.ledger.active_allocations()
         ]
 
-    @router.post("/workloads", dependencies=authorized, status_code=201, responses=REFUSED_OR_INVALID)
+    @router.post(
+        "/workloads",
+        dependencies=authorized,
+        status_code=201,
+        responses={
+            200: {
+                "model": WorkloadStatus,
+                "description": "already submitted (same name, no uid): its status",
+            },
+            202: {
+                "model": WorkloadStatus,
+                "description": "accepted, pending: `reason` says what it waits for",
+            },
+            **REFUSED_OR_INVALID,
+        },
+    )
     async def submit(submission: Submission, response: Response) -> WorkloadStatus:
         if submission.workload.uid is None:
+            workload = submission.workload
+            live = await scheduler.store.live_by_name(workload.namespace, workload.name)
+            if live is not None:  # a name without a uid is one workload, as in Kubernetes
+                response.status_code = 200
+                status = await scheduler.status(live.allocation_id)
+                assert status is not None
+                return status
             submission = submission.model_copy(
                 update={"workload": submission.workload.model_copy(update={"uid": str(uuid4())})}
             )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
@@ -39,6 +40,7 @@ from tfcommon.placement import (
     Placement,
     PlacementRequest,
     PlacementRequestError,
+    PluginArgs,
     Profile,
     Rejection,
     evaluate,
@@ -72,6 +74,10 @@ MAX_PLACE_ATTEMPTS = 8
 MIN_FULL_REFRESH_INTERVAL_S = 1.0
 MAX_BATCH = 256
 """Most submissions placed together and reserved in one ledger transaction."""
+RECENT_REQUESTS = 2048
+"""How many of the latest submissions the fragmentation-aware policies learn their target workload from."""
+RELEARN_EVERY = 256
+"""Submissions between two relearnings once warmed up (before that: at 1, 2, 4, ... submissions)."""
 
 
 def utc_now() -> datetime:
@@ -142,6 +148,10 @@ class Scheduler:
         self.capacity_freed = asyncio.Event()
         self._lock = asyncio.Lock()
         self._profiles: dict[str, Profile] = {}
+        self._recent_requests: deque[PlacementRequest] = deque(maxlen=RECENT_REQUESTS)
+        self._requests_seen = 0
+        self._requests_learned = 0
+        self._plugin_args = PluginArgs()
         self._last_full_refresh = 0.0
         self._queue: list[_Queued] = []
         self._drainer: asyncio.Task[None] | None = None
@@ -149,10 +159,33 @@ class Scheduler:
     # ------------------------------------------------------------------------------ state loading
 
     def profile(self, pool: str) -> Profile:
+        """The pool's policy, with the target workload learned from the recent submissions."""
         mode = placement_mode(self.config, pool)
         if mode not in self._profiles:
-            self._profiles[mode] = policy(mode)
+            self._profiles[mode] = policy(mode, self._plugin_args)
         return self._profiles[mode]
+
+    def _learn(self, workloads: list[StoredWorkload]) -> None:
+        """Remember new submissions' requests; relearn the target workload when enough are new."""
+        for stored in workloads:
+            submission = stored.submission
+            try:
+                self._recent_requests.append(
+                    placement_request(
+                        f"{submission.workload.namespace}/{submission.workload.name}",
+                        submission.request,
+                        tolerations=submission.tolerations,
+                        node_selector=submission.node_selector,
+                    )
+                )
+            except PlacementRequestError:
+                continue
+            self._requests_seen += 1
+        new = self._requests_seen - self._requests_learned
+        if new and (new >= self._requests_learned or new >= RELEARN_EVERY):
+            self._plugin_args = PluginArgs.learned_from(self._recent_requests)
+            self._requests_learned = self._requests_seen
+            self._profiles.clear()
 
     async def start(self) -> None:
         """Rebuild the in-memory view from the ledger (at start, and as a periodic safety net)."""
@@ -301,8 +334,12 @@ class Scheduler:
         fresh = [(workload, cause) for workload, cause in entries if workload.state == "pending"]
         statuses: dict[UUID, WorkloadStatus] = {}
         async with self._lock:
-            statuses.update(await self._place_batch(fresh, announce=True))
-        settled = [workload for workload, _cause in entries if workload.allocation_id not in statuses]
+            self._learn([workload for workload, _cause in fresh])
+            statuses.update(await self._place_batch(await self._still_pending(fresh), announce=True))
+        unsettled = [
+            workload.allocation_id for workload, _cause in entries if workload.allocation_id not in statuses
+        ]
+        settled = list((await self.store.by_ids(unsettled)).values())
         records = await self.ledger.get_allocations(
             [workload.allocation_id for workload in settled if workload.state == "placed"]
         )
@@ -319,11 +356,22 @@ class Scheduler:
         placed = 0
         for start in range(0, len(pending), MAX_BATCH):
             async with self._lock:
-                statuses = await self._place_batch(
-                    [(stored, None) for stored in pending[start : start + MAX_BATCH]], announce=False
-                )
+                entries = [(stored, None) for stored in pending[start : start + MAX_BATCH]]
+                statuses = await self._place_batch(await self._still_pending(entries), announce=False)
             placed += sum(status.state == "placed" for status in statuses.values())
         return placed
+
+    async def _still_pending(
+        self, entries: list[tuple[StoredWorkload, UUID | None]]
+    ) -> list[tuple[StoredWorkload, UUID | None]]:
+        """The entries not ended (or placed) since they were read: a workload deleted between reading
+        the queue and taking the lock must not be given an allocation nobody will release. Lock held."""
+        current = await self.store.by_ids([stored.allocation_id for stored, _cause in entries])
+        return [
+            (current[stored.allocation_id], cause)
+            for stored, cause in entries
+            if stored.allocation_id in current and current[stored.allocation_id].state == "pending"
+        ]
 
     async def _place_batch(
         self, entries: list[tuple[StoredWorkload, UUID | None]], *, announce: bool, refreshed: bool = False

@@ -64,6 +64,9 @@ RETURNING w.allocation_id
 )
 
 
+LIVE_STATES = ("pending", "placed")
+
+
 @dataclass(frozen=True)
 class StoredWorkload:
     allocation_id: UUID
@@ -209,6 +212,20 @@ class WorkloadStore:
                 .order_by(table.priority.desc(), table.qos_rank.desc(), table.submitted_at)
             )
             return [_stored(row) for row in rows]
+
+    async def live_by_name(self, namespace: str, name: str) -> StoredWorkload | None:
+        """The pending or placed workload named `namespace/name`, if any (the newest)."""
+        table = scheduler_workload.c
+        async with self.engine.connect() as connection:
+            row = (
+                await connection.execute(
+                    sa.select(scheduler_workload)
+                    .where(table.namespace == namespace, table.name == name, table.state.in_(LIVE_STATES))
+                    .order_by(table.submitted_at.desc())
+                    .limit(1)
+                )
+            ).first()
+            return None if row is None else _stored(row)
 
     async def by_ids(self, allocation_ids: list[UUID]) -> dict[UUID, StoredWorkload]:
         if not allocation_ids:

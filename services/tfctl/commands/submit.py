@@ -3,6 +3,7 @@
 The same pure admission as the webhook (`tfwebhook.core.admit`) turns the pod's `tensor-fusion.ai/*`
 annotations into a GPU request; a denied pod is not submitted. The scheduler answers placed (exit 0),
 pending with the reason (exit 0; placed later, when capacity or quota frees), or refused (exit 1).
+Submitting the same pod again (a manifest without `metadata.uid`) answers the workload already there.
 Mutating the scheduler needs `TF_API_TOKEN`. Exit 2: the file or the configuration is malformed.
 """
 
@@ -14,7 +15,6 @@ import os
 import sys
 from pathlib import Path
 from typing import Any
-from uuid import uuid4
 
 import httpx
 import yaml
@@ -50,9 +50,8 @@ def submission_for(pod: dict[str, Any], namespace: str, config_path: Path | None
     if verdict.request is None or verdict.workload is None:
         return "the pod asks for no GPU (no tensor-fusion.ai/* request); nothing to schedule"
     spec = pod.get("spec") or {}
-    workload = verdict.workload.model_copy(update={"uid": verdict.workload.uid or str(uuid4())})
     return {
-        "workload": workload.model_dump(mode="json"),
+        "workload": verdict.workload.model_dump(mode="json"),
         "request": verdict.request.model_dump(mode="json"),
         "priority": PRIORITY_BY_CLASS.get(str(spec.get("priorityClassName", "")), 0),
         "tolerations": [

@@ -16,25 +16,29 @@ GIB = 1024**3
 async def register_nodes(
     ledger: SqlLedger, nodes: int, gpus: int, *, tflops_milli: int = 100_000, vram_bytes: int = 80 * GIB
 ) -> list[str]:
-    names = []
-    for n in range(nodes):
-        name = f"node-{n}-{uuid4().hex[:6]}"
-        await ledger.upsert_node(NodeSpec(name=name, pool="default"))
-        await ledger.record_heartbeat(name)
-        for index in range(gpus):
-            await ledger.upsert_gpu(
-                GpuSpec(
-                    uuid=f"gpu-{uuid4()}",
-                    node=name,
-                    index=index,
-                    model="H100",
-                    vendor="NVIDIA",
-                    capacity_tflops_milli=tflops_milli,
-                    capacity_vram_bytes=vram_bytes,
-                )
-            )
-        names.append(name)
+    names = [f"node-{n}-{uuid4().hex[:6]}" for n in range(nodes)]
+    for name in names:
+        await register_named_node(ledger, name, gpus, tflops_milli=tflops_milli, vram_bytes=vram_bytes)
     return names
+
+
+async def register_named_node(
+    ledger: SqlLedger, name: str, gpus: int = 1, *, tflops_milli: int = 100_000, vram_bytes: int = 80 * GIB
+) -> None:
+    await ledger.upsert_node(NodeSpec(name=name, pool="default"))
+    await ledger.record_heartbeat(name)
+    for index in range(gpus):
+        await ledger.upsert_gpu(
+            GpuSpec(
+                uuid=f"gpu-{uuid4()}",
+                node=name,
+                index=index,
+                model="H100",
+                vendor="NVIDIA",
+                capacity_tflops_milli=tflops_milli,
+                capacity_vram_bytes=vram_bytes,
+            )
+        )
 
 
 def a_submission(

@@ -8,6 +8,7 @@ import json
 import time
 from datetime import timedelta
 from typing import Any
+from uuid import uuid4
 
 import pytest
 from nats.aio.msg import Msg
@@ -15,6 +16,7 @@ from scheduler_builders import (
     GIB,
     a_submission,
     assert_history_never_over_capacity,
+    register_named_node,
     register_nodes,
 )
 from tfcommon.bus import NatsEventBus
@@ -137,6 +139,51 @@ async def test_namespace_quota_keeps_a_pod_pending_until_usage_falls(
     assert other_namespace.state == "placed"
     assert await scheduler.release(first.id, "workload-ended")
     assert await scheduler.retry_pending() == 1
+
+
+async def test_a_workload_deleted_while_the_queue_is_retried_gets_no_allocation(
+    ledger: SqlLedger, bus: NatsEventBus
+) -> None:
+    await register_nodes(ledger, nodes=1, gpus=4)
+    quota = NamespaceQuota(namespace="team-a", total_requests_tflops_milli=25_000)
+    scheduler = Scheduler(ledger, bus, quotas={"team-a": quota}, heartbeat_timeout=LONG)
+    await scheduler.start()
+    first = await scheduler.submit(a_submission(tflops_milli=20_000))
+    waiting = await scheduler.submit(a_submission(tflops_milli=10_000))
+    assert waiting.state == "pending"
+    assert await scheduler.release(first.id, "workload-ended")
+    async with scheduler._lock:  # a placement in progress: the deletion and the retry queue behind it
+        deletion = asyncio.create_task(scheduler.release(waiting.id, "workload-deleted"))
+        retry = asyncio.create_task(scheduler.retry_pending())
+        deadline = time.monotonic() + 10
+        while len(scheduler._lock._waiters or ()) < 2:  # type: ignore[attr-defined]
+            assert time.monotonic() < deadline, "the release and the retry never queued on the lock"
+            await asyncio.sleep(0.01)
+    assert not await deletion  # it held no allocation yet
+    assert await retry == 0
+    assert await ledger.get_allocation(waiting.id) is None
+    status = await scheduler.status(waiting.id)
+    assert status is not None
+    assert status.state == "ended"
+
+
+async def test_the_default_policy_learns_the_workload_mix_and_keeps_whole_gpus_free(
+    ledger: SqlLedger, bus: NatsEventBus
+) -> None:
+    suffix = uuid4().hex[:6]
+    busy, empty = f"n1-{suffix}", f"n0-{suffix}"  # the empty node comes first in name order
+    await register_named_node(ledger, busy)
+    scheduler = Scheduler(ledger, bus, heartbeat_timeout=LONG)
+    await scheduler.start()
+    half = await scheduler.submit(a_submission(tflops_milli=50_000, vram_bytes=40 * GIB))
+    assert (half.state, half.node) == ("placed", busy)
+    whole = [await scheduler.submit(a_submission(tflops_milli=100_000)) for _ in range(2)]
+    assert [status.state for status in whole] == ["pending", "pending"]
+    await register_named_node(ledger, empty)
+    await scheduler.node_changed(empty)
+    second_half = await scheduler.submit(a_submission(tflops_milli=50_000, vram_bytes=40 * GIB))
+    assert (second_half.state, second_half.node) == ("placed", busy)  # first-fit would split `empty`
+    assert await scheduler.retry_pending() == 1  # so a whole-GPU workload still fits
 
 
 async def test_quota_single_maximum_refuses_with_the_reason(ledger: SqlLedger, bus: NatsEventBus) -> None:

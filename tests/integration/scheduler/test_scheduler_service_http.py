@@ -220,6 +220,9 @@ async def test_the_service_places_over_http_from_node_agent_inventory_and_announ
             code, out, err = await _tfctl("submit", "-f", str(pod), environment=environment)
             assert code == 0, err
             assert out.startswith(f"placed team-a/notebook on {NODE}: ")
+            code, again, err = await _tfctl("submit", "-f", str(pod), environment=environment)
+            assert code == 0, err
+            assert again == out  # the same pod submitted twice is one workload, as with kubectl apply
             code, out, err = await _tfctl("get", "allocations", "--json", environment=environment)
             assert code == 0, err
             [allocation] = json.loads(out)
