@@ -356,7 +356,9 @@ class Scheduler:
         placed = 0
         for start in range(0, len(pending), MAX_BATCH):
             async with self._lock:
-                entries = [(stored, None) for stored in pending[start : start + MAX_BATCH]]
+                entries: list[tuple[StoredWorkload, UUID | None]] = [
+                    (stored, None) for stored in pending[start : start + MAX_BATCH]
+                ]
                 statuses = await self._place_batch(await self._still_pending(entries), announce=False)
             placed += sum(status.state == "placed" for status in statuses.values())
         return placed
