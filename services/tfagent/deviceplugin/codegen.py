@@ -1,8 +1,10 @@
-"""Regenerates `api_pb2.py` / `api_pb2.pyi` from `api.proto` (run `python -m tfagent.deviceplugin.codegen`).
+"""Regenerates `api_pb2.py` / `api_pb2.pyi` from `api.proto` (run `python -m tfagent.deviceplugin.codegen`;
+an optional argument writes under another root instead of the source tree).
 
 The generated files are committed; a unit test regenerates them and fails if they differ from the
 committed ones, so the proto source and the code can never drift apart. Needs `grpcio-tools` (a
-development dependency); nothing imports this module at run time.
+development dependency); nothing imports this module at run time, and tests run it in a subprocess:
+`grpc_tools` bundles its own protobuf and abseil, which abort a process that later loads OR-Tools.
 """
 
 from __future__ import annotations
@@ -43,5 +45,5 @@ def generate(out_root: Path) -> list[Path]:
 
 
 if __name__ == "__main__":
-    for written in generate(SERVICES_ROOT):
+    for written in generate(Path(sys.argv[1]) if len(sys.argv) > 1 else SERVICES_ROOT):
         sys.stdout.write(f"wrote {written}\n")
