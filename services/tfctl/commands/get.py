@@ -1,7 +1,9 @@
-"""`tfctl get pools|nodes|gpus|allocations [--json]`: what the scheduler's ledger holds, as tables.
+"""`tfctl get pools|nodes|gpus|allocations|recommendations [--json]`: what the ledger holds, as tables.
 
 Reads the scheduler's HTTP API (`--scheduler-url`, default `$TF_SCHEDULER_URL` or
-http://127.0.0.1:8080). Exit codes: 0 shown, 1 the scheduler did not answer.
+http://127.0.0.1:8080); `recommendations` reads the metrics service's (`--metrics-url`, default
+`$TF_METRICS_URL` or http://127.0.0.1:8090) and prints what `tfctl recommendations` prints.
+Exit codes: 0 shown, 1 the service did not answer.
 """
 
 from __future__ import annotations
@@ -27,11 +29,17 @@ def scheduler_url(explicit: str | None) -> str:
     return (explicit or os.environ.get("TF_SCHEDULER_URL") or "http://127.0.0.1:8080").rstrip("/")
 
 
+KINDS = (*COLUMNS, "recommendations")
+
+
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = subparsers.add_parser("get", help="list pools, nodes, GPUs or allocations", description=__doc__)
-    parser.add_argument("kind", choices=tuple(COLUMNS), help=" | ".join(COLUMNS))
+    parser = subparsers.add_parser(
+        "get", help="list pools, nodes, GPUs, allocations or recommendations", description=__doc__
+    )
+    parser.add_argument("kind", choices=KINDS, help=" | ".join(KINDS))
     parser.add_argument("--json", action="store_true", help="print JSON for scripts")
     parser.add_argument("--scheduler-url", help="scheduler API base URL ($TF_SCHEDULER_URL)")
+    parser.add_argument("--metrics-url", help="metrics API base URL ($TF_METRICS_URL), for recommendations")
     parser.set_defaults(handler=handler)
 
 
@@ -59,6 +67,10 @@ def render_table(kind: str, rows: list[dict[str, Any]]) -> str:
 
 
 def handler(args: argparse.Namespace) -> int:
+    if args.kind == "recommendations":
+        from tfctl.commands import recommendations
+
+        return recommendations.handler(argparse.Namespace(json=args.json, url=args.metrics_url))
     url = f"{scheduler_url(args.scheduler_url)}/api/v1/{args.kind}"
     try:
         response = httpx.get(url, timeout=10)

@@ -289,6 +289,8 @@ async def test_usage_becomes_a_recommendation_that_tfctl_shows_and_the_webhook_a
     assert any(line.startswith("ml-team-b/server: too few samples: 0 in the last 1d") for line in table)
     assert await asyncio.to_thread(tfctl_main, ["recommendations", "--json", "--url", stack["url"]]) == 0
     assert json.loads(capsys.readouterr().out)["recommendations"][0]["workload"] == "ml-team-a/trainer"
+    assert await asyncio.to_thread(tfctl_main, ["get", "recommendations", "--metrics-url", stack["url"]]) == 0
+    assert capsys.readouterr().out.splitlines() == table
 
     engine = create_async_engine(ledger_url(stack["database_url"]))
     try:
