@@ -392,14 +392,16 @@ class NodeDrained(Event):
 
 
 class StartWorker(NodeCommand):
-    """Start a `tfctl run` command on this node with its allocated GPUs (local mode).
+    """Start a command on this node with the GPUs of an allocation already reserved in the ledger.
 
-    The agent sets `CUDA_VISIBLE_DEVICES` to `gpu_uuids` plus the limit variables, and releases the
-    allocation when the process ends. Idempotent per `allocation_id`: a redelivery starts nothing new.
+    The agent checks that the allocation is open, on this node and holds `gpu_uuids`, sets
+    `CUDA_VISIBLE_DEVICES` to `gpu_uuids` plus the limit variables, logs the command's output, and
+    releases the allocation in the ledger when the process ends. Idempotent per `allocation_id`: a
+    redelivery starts nothing new. Sent by operators' tools with the `tfctl` NATS user.
     """
 
     subject: ClassVar[str] = "tf.cmd.node-agent.start-worker"
-    producers: ClassVar[tuple[str, ...]] = ("scheduler",)
+    producers: ClassVar[tuple[str, ...]] = ("tfctl",)
 
     allocation_id: UUID = Field(description="the ledger allocation")
     workload: WorkloadRef = Field(description="the workload this is about")
@@ -415,11 +417,12 @@ class StartWorker(NodeCommand):
 class StopWorker(NodeCommand):
     """Stop the worker of an allocation on this node (signal, then kill after the grace period).
 
-    Idempotent: stopping a worker that already ended only confirms the release.
+    Idempotent: stopping a worker that already ended does nothing (its allocation was released when it
+    ended). Sent by operators' tools with the `tfctl` NATS user.
     """
 
     subject: ClassVar[str] = "tf.cmd.node-agent.stop-worker"
-    producers: ClassVar[tuple[str, ...]] = ("scheduler",)
+    producers: ClassVar[tuple[str, ...]] = ("tfctl",)
 
     allocation_id: UUID = Field(description="the ledger allocation")
     signal: int = Field(default=15, ge=1, le=64, description="POSIX signal number sent first")
@@ -428,7 +431,8 @@ class StopWorker(NodeCommand):
 
 
 class DiscoverGpus(NodeCommand):
-    """Rediscover this node's GPUs now (what `POST /api/v1/devices/discover` does)."""
+    """Rediscover this node's GPUs now and announce the node and its GPUs again, as at start-up
+    (`tf.evt.node.registered`, `tf.evt.gpu.discovered`, `tf.evt.gpu.disappeared` for GPUs gone)."""
 
     subject: ClassVar[str] = "tf.cmd.node-agent.discover-gpus"
     producers: ClassVar[tuple[str, ...]] = ("tfctl",)

@@ -186,13 +186,6 @@ METRICS_COUNT_EVENTS = ConsumerSpec(
     description="system counters: allocations, unschedulable, evictions, drift",
     service="metrics",
 )
-DEFRAG_TRACK_ALLOCATIONS = ConsumerSpec(
-    stream=EVENTS_STREAM,
-    durable="defrag-planner-track-allocations",
-    filter_subjects=(ALLOCATION_CREATED, ALLOCATION_RELEASED, WORKLOAD_UNSCHEDULABLE),
-    description="follows placements of evicted workloads' replacements during a campaign",
-    service="defrag-planner",
-)
 DEFRAG_START_CAMPAIGN = ConsumerSpec(
     stream=COMMANDS_STREAM,
     durable="defrag-planner-start-campaign",
@@ -208,7 +201,6 @@ CONSUMERS: tuple[ConsumerSpec, ...] = (
     SCHEDULER_TRACK_NODES,
     METRICS_RECORD_USAGE,
     METRICS_COUNT_EVENTS,
-    DEFRAG_TRACK_ALLOCATIONS,
     DEFRAG_START_CAMPAIGN,
 )
 """Consumers `provision()` creates; per-node ones come from the functions below."""

@@ -28,7 +28,7 @@ from tfcommon.events import (
     NodeRegistered,
 )
 
-from tfagent.core.inventory import GpuDevice, InventoryChange, NodeInventory, merge_rediscovery
+from tfagent.core.inventory import GpuDevice, GpuPhase, InventoryChange, NodeInventory, merge_rediscovery
 from tfagent.core.usage import (
     NodeUsage,
     UsageSample,
@@ -111,7 +111,18 @@ class NodeAgent:
     async def register(self) -> NodeInventory:
         """Discover the GPUs, then announce the node and each GPU (again after every restart)."""
         change = await self._rediscover()
-        inventory = change.inventory
+        await self._announce(change.inventory)
+        return change.inventory
+
+    async def reregister(self) -> InventoryChange:
+        """Discover again and announce the node and each present GPU as at start (`DiscoverGpus`), and
+        the GPUs that went missing or were removed."""
+        change = await self._rediscover()
+        await self._announce(change.inventory)
+        await self._publish_gone(change)
+        return change
+
+    async def _announce(self, inventory: NodeInventory) -> None:
         await self._publish(
             NodeRegistered(
                 event_id=uuid4(),
@@ -128,14 +139,18 @@ class NodeAgent:
         for warning in inventory.warnings:
             log.warning(warning, extra={"event": "gpu.unknown-model", "node": self.node})
         for gpu in inventory.gpus:
-            await self._publish(self._discovered(gpu))
-        return inventory
+            if gpu.phase is GpuPhase.RUNNING:
+                await self._publish(self._discovered(gpu))
 
     async def rediscover(self) -> InventoryChange:
         """Discover again and publish what changed: new GPUs, GPUs gone missing (`Unknown`) or removed."""
         change = await self._rediscover()
         for gpu in change.appeared:
             await self._publish(self._discovered(gpu))
+        await self._publish_gone(change)
+        return change
+
+    async def _publish_gone(self, change: InventoryChange) -> None:
         for gpu in (*change.went_missing, *change.removed):
             log.warning(
                 "GPU %s is no longer reported by the driver", gpu.uuid, extra={"event": "gpu.disappeared"}
@@ -143,7 +158,6 @@ class NodeAgent:
             await self._publish(
                 GpuDisappeared(event_id=uuid4(), occurred_at=self._clock(), node=self.node, gpu_uuid=gpu.uuid)
             )
-        return change
 
     async def heartbeat(self) -> None:
         gpu_count = 0 if self._inventory is None else len(self._inventory.gpus)

@@ -34,6 +34,7 @@ from tfagent.adapters.process_owners import HostProcessOwners
 from tfagent.adapters.simulated import FakeGpuSpecError, SimulatedGpuProbe, parse_fake_gpus
 from tfagent.agent import AgentTimers, NodeAgent
 from tfagent.api import build_router
+from tfagent.commands import NodeCommands
 from tfagent.core.deviceplugin import LimiterLibrary
 from tfagent.core.inventory import ModelCatalog
 from tfagent.core.usage import WorkerAllocation, WorkerShare
@@ -100,6 +101,8 @@ async def compose(context: ServiceContext[AgentSettings]) -> Components:
         )
     allocations = subjects.node_agent_track_allocations(node)
     await subjects.provision_consumer(context.bus.js, allocations)
+    commands_consumer = subjects.node_agent_run_commands(node)
+    await subjects.provision_consumer(context.bus.js, commands_consumer)
 
     async def run_agent() -> None:
         await agent.register()
@@ -122,7 +125,23 @@ async def compose(context: ServiceContext[AgentSettings]) -> Components:
             stop=context.stopping,
         )
 
-    tasks: dict[str, BackgroundTask] = {"agent": run_agent, "track-allocations": track_allocations}
+    commands = NodeCommands(node, agent, runner, context.ledger)
+
+    async def run_commands() -> None:
+        await run_pull_consumer(
+            context.bus.js,
+            commands_consumer,
+            commands.handle,
+            bus=context.bus,
+            service=SERVICE,
+            stop=context.stopping,
+        )
+
+    tasks: dict[str, BackgroundTask] = {
+        "agent": run_agent,
+        "track-allocations": track_allocations,
+        "run-commands": run_commands,
+    }
     if settings.device_plugin_dir is not None:
         tasks["device-plugins"] = device_plugin_task(context, node, agent, settings.device_plugin_dir)
     routers = [

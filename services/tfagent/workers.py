@@ -19,7 +19,7 @@ import json
 import logging
 import os
 import signal
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Annotated, Any
@@ -41,6 +41,9 @@ EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND = 126, 127
 RELEASE_ATTEMPTS = 5
 RELEASE_FIRST_RETRY_S = 0.5
 NDJSON = "application/x-ndjson"
+
+Release = Callable[[str], Awaitable[None]]
+"""Closes a worker's allocation once the worker has ended; given the reason, in words."""
 
 
 class RunWorkerRequest(BaseModel):
@@ -92,6 +95,8 @@ class Worker:
     stop_reason: str | None = None
     detached: bool = False
     final_frame: bytes | None = None
+    release: Release | None = None
+    log_output: bool = False
 
     async def emit(self, frame: bytes) -> None:
         """Queue a frame for tfctl; a slow reader slows the command down (its pipe fills), a gone one
@@ -167,7 +172,12 @@ class WorkerRunner:
         worker = self._workers.get(allocation_id)
         return None if worker is None else worker.describe()
 
-    async def start(self, request: RunWorkerRequest) -> Worker:
+    async def start(
+        self, request: RunWorkerRequest, *, release: Release | None = None, log_output: bool = False
+    ) -> Worker:
+        """Start the command of `request`. By default its output streams to the HTTP caller and the
+        allocation is released through `request.scheduler_url`; a worker started by a bus command
+        passes its own `release` and `log_output=True` (nobody streams it, so its output is logged)."""
         unknown = [uuid for uuid in request.gpu_uuids if uuid.lower() not in self._capacity_milli()]
         if unknown:
             raise ValueError(
@@ -194,17 +204,19 @@ class WorkerRunner:
                 start_new_session=True,
             )
         except FileNotFoundError as error:
-            self._in_background(self._release(request))
+            self._in_background(self._release(request) if release is None else release("command not found"))
             missing = request.argv[0] if error.filename in (None, request.argv[0]) else error.filename
             raise WorkerLaunchError(
                 f"{missing}: command or working directory not found", EXIT_NOT_FOUND
             ) from None
         except (PermissionError, OSError) as error:
-            self._in_background(self._release(request))
+            self._in_background(
+                self._release(request) if release is None else release("command not runnable")
+            )
             raise WorkerLaunchError(
                 f"{request.argv[0]}: cannot run: {error.strerror}", EXIT_NOT_EXECUTABLE
             ) from None
-        worker = Worker(request, process, datetime.now(UTC), granted)
+        worker = Worker(request, process, datetime.now(UTC), granted, release=release, log_output=log_output)
         self._workers[request.allocation_id] = worker
         if self._on_started is not None:
             self._on_started(process.pid, request.allocation_id)
@@ -217,6 +229,8 @@ class WorkerRunner:
                 env=granted,
             )
         )
+        if log_output:
+            worker.detach()
         self._in_background(self._supervise(worker))
         log.info("worker %s started: pid %d, %s", request.allocation_id, process.pid, request.argv[0])
         return worker
@@ -230,19 +244,36 @@ class WorkerRunner:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(worker.pid, signal_number)
 
-    def stop_in_background(self, worker: Worker, reason: str) -> None:
-        """Stop `worker` (SIGTERM, then SIGKILL after its grace period) without waiting for it."""
+    def stop_in_background(
+        self,
+        worker: Worker,
+        reason: str,
+        *,
+        signal_number: int = signal.SIGTERM,
+        grace_s: float | None = None,
+    ) -> None:
+        """Stop `worker` (`signal_number`, then SIGKILL after the grace period) without waiting for it."""
         if not worker.ended.is_set():
-            self._in_background(self.stop(worker, reason))
+            self._in_background(self.stop(worker, reason, signal_number=signal_number, grace_s=grace_s))
 
-    async def stop(self, worker: Worker, reason: str) -> None:
+    async def stop(
+        self,
+        worker: Worker,
+        reason: str,
+        *,
+        signal_number: int = signal.SIGTERM,
+        grace_s: float | None = None,
+    ) -> None:
+        """Send `signal_number` (SIGTERM), then SIGKILL after `grace_s` (the request's grace period)."""
         if worker.ended.is_set():
             return
         worker.stop_reason = worker.stop_reason or reason
         log.info("stopping worker %s: %s", worker.request.allocation_id, reason)
-        self.send_signal(worker, signal.SIGTERM)
+        self.send_signal(worker, signal_number)
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(worker.ended.wait(), timeout=worker.request.grace_s)
+            await asyncio.wait_for(
+                worker.ended.wait(), timeout=worker.request.grace_s if grace_s is None else grace_s
+            )
             return
         self.send_signal(worker, signal.SIGKILL)
         await worker.ended.wait()
@@ -283,13 +314,26 @@ class WorkerRunner:
             self._on_ended(process.pid)
         log.info("worker %s ended with exit code %d", worker.request.allocation_id, worker.exit_code)
         try:
-            await self._release(worker.request)
+            if worker.release is None:
+                await self._release(worker.request)
+            elif worker.stop_reason:
+                await worker.release(f"worker stopped: {worker.stop_reason}")
+            else:
+                await worker.release(f"worker exited with code {worker.exit_code}")
         finally:
             self._workers.pop(worker.request.allocation_id, None)
 
     @staticmethod
     async def _pump(worker: Worker, stream: str, reader: asyncio.StreamReader) -> None:
         while chunk := await reader.read(OUTPUT_CHUNK_BYTES):
+            if worker.log_output:
+                log.info(
+                    "worker %s %s: %s",
+                    worker.request.allocation_id,
+                    stream,
+                    chunk.decode(errors="replace").rstrip("\n"),
+                    extra={"event": "worker.output", "allocation_id": str(worker.request.allocation_id)},
+                )
             await worker.emit(_frame(event="output", stream=stream, data=base64.b64encode(chunk).decode()))
 
     async def _release(self, request: RunWorkerRequest) -> None:

@@ -75,11 +75,8 @@ JetStream's first redelivery delay (1 s)."""
 CONVERGENCE_S = 10.0
 SETTLE_TIMEOUT_S = 60.0
 BILL_QUANTUM = Decimal("0.000001")
-UNREAD_CONSUMERS = frozenset({subjects.DEFRAG_TRACK_ALLOCATIONS.durable})
-"""Declared consumers no service reads yet (the defrag planner polls the ledger instead)."""
 ALLOCATION_CONSUMER_PREFIXES = (
     "metrics-count-events",
-    "defrag-planner-track-allocations",
     "node-agent-track",
 )
 
@@ -709,8 +706,7 @@ async def _stream_message_ids(js: Any, subject: str) -> list[str]:
 
 async def _consumer_backlogs(js: Any) -> dict[str, tuple[int, int]]:
     """Per consumer of allocation events: messages it should have had delivered but has not, and
-    messages delivered but not acknowledged. A consumer no service reads yet should hold every
-    message of its subjects, undelivered: its count is what it is missing from that."""
+    messages delivered but not acknowledged."""
     deadline = time.monotonic() + CONVERGENCE_S
     while True:
         backlogs: dict[str, tuple[int, int]] = {}
@@ -718,25 +714,13 @@ async def _consumer_backlogs(js: Any) -> dict[str, tuple[int, int]]:
             name = info.name or ""
             if not name.startswith(ALLOCATION_CONSUMER_PREFIXES):
                 continue
-            pending = info.num_pending or 0
-            if name in UNREAD_CONSUMERS:
-                pending = await _messages_on(js, info.config) - pending
-            backlogs[name] = (pending, info.num_ack_pending or 0)
+            backlogs[name] = (info.num_pending or 0, info.num_ack_pending or 0)
         if (
             not any(pending or unacked for pending, unacked in backlogs.values())
             or time.monotonic() > deadline
         ):
             return backlogs
         await asyncio.sleep(0.25)
-
-
-async def _messages_on(js: Any, config: ConsumerConfig) -> int:
-    filters = config.filter_subjects or ([config.filter_subject] if config.filter_subject else [])
-    total = 0
-    for subject in filters:
-        info = await js.stream_info(subjects.EVENTS_STREAM, subjects_filter=subject)
-        total += sum((info.state.subjects or {}).values())
-    return total
 
 
 async def _bill_violations(stack: FaultStack, engine: AsyncEngine, start: datetime) -> list[str]:

@@ -19,9 +19,6 @@ import pytest
 from nats.js import JetStreamContext
 from robust_stack import RunningStack
 from tfcommon import subjects
-from tfcommon.bus import InMemoryEventBus
-from tfcommon.consumer import run_pull_consumer
-from tfcommon.events import Message
 from tfcommon.subjects import ConsumerSpec
 
 pytestmark = pytest.mark.integration
@@ -163,58 +160,25 @@ async def test_the_node_agent_terminates_poison_allocations_and_unknown_commands
         assert (await client.get(f"{stack.urls['node-agent']}/readyz")).status_code == 200
 
 
-async def _noop(message: Message) -> Sequence[Message]:
-    return ()
-
-
-@pytest.mark.parametrize(
-    ("spec", "subject", "poison_subjects"),
-    [
-        (
-            subjects.DEFRAG_TRACK_ALLOCATIONS,
-            subjects.ALLOCATION_RELEASED,
-            (subjects.ALLOCATION_CREATED, subjects.WORKLOAD_UNSCHEDULABLE),
-        ),
-        (
-            subjects.node_agent_run_commands("robust-node-b"),
-            f"{subjects.STOP_WORKER}.robust-node-b",
-            (f"{subjects.START_WORKER}.robust-node-b", "tf.cmd.node-agent.reboot.robust-node-b"),
-        ),
-    ],
-    ids=["defrag-planner-track-allocations", "node-agent-run-commands"],
-)
-async def test_the_consumer_loop_terminates_poison_on_consumers_no_service_reads_yet(
-    stack: RunningStack,
-    jetstream: JetStreamContext,
-    caplog: pytest.LogCaptureFixture,
-    spec: ConsumerSpec,
-    subject: str,
-    poison_subjects: tuple[str, ...],
+async def test_the_node_agent_terminates_poison_commands_and_still_runs_the_next_one(
+    stack: RunningStack, jetstream: JetStreamContext, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="tfcommon.consumer")
-    await subjects.provision_consumer(jetstream, spec)
-    valid = valid_payload(subject.removesuffix(".robust-node-b"), "robust-node-b")
-    poisons = [(poison_subject, POISONS["not JSON"]) for poison_subject in poison_subjects]
-    poisons += [(poison_subjects[-1], valid)]  # a valid payload on an unknown or wrong subject
-    poisons += all_poisons(subject, valid)
-    connection = await nats.connect(stack.nats_url)
-    stop = asyncio.Event()
-    consumer = asyncio.create_task(
-        run_pull_consumer(
-            connection.jetstream(),
-            spec,
-            _noop,
-            bus=InMemoryEventBus(),
-            service="robustness",
-            stop=stop,
-            fetch_timeout_s=0.2,
-        )
-    )
-    try:
-        await settled(jetstream, spec, 0)  # the backlog this consumer gathered before the test
-        caplog.clear()
-        await publish_poison_then_valid(jetstream, spec, caplog, poisons, (subject, valid))
-    finally:
-        stop.set()
-        await asyncio.wait_for(consumer, timeout=10)
-        await connection.drain()
+    node = stack.agent_node
+    spec = subjects.node_agent_run_commands(node)
+    subject = f"{subjects.STOP_WORKER}.{node}"
+    valid = valid_payload(subjects.STOP_WORKER, node)
+    unknown_command = f"tf.cmd.node-agent.reboot.{node}"
+    poisons = [
+        (f"{subjects.START_WORKER}.{node}", POISONS["not JSON"]),
+        (f"{subjects.DISCOVER_GPUS}.{node}", POISONS["JSON array"]),
+        (unknown_command, POISONS["not JSON"]),
+        (unknown_command, valid),  # a valid payload on a subject no command has
+        (f"{subjects.STOP_WORKER}.{node}", valid_payload(subjects.STOP_WORKER, "another-node")),
+        *all_poisons(subject, valid),
+    ]
+
+    await publish_poison_then_valid(jetstream, spec, caplog, poisons, (subject, valid))
+
+    async with httpx.AsyncClient(timeout=5) as client:
+        assert (await client.get(f"{stack.urls['node-agent']}/readyz")).status_code == 200
