@@ -30,6 +30,7 @@ KUSTOMIZATIONS = {
     "base": K8S / "base",
     "evaluation": K8S / "evaluation",
     "existing-infra": K8S / "examples" / "existing-infra",
+    "model-cache": K8S / "examples" / "model-cache",
 }
 CERT_MANAGER_KINDS = {("cert-manager.io/v1", "Issuer"), ("cert-manager.io/v1", "Certificate")}
 WRITE_VERBS = {"create", "update", "patch", "delete", "deletecollection"}
@@ -108,6 +109,7 @@ def test_every_object_is_valid_for_current_kubernetes() -> None:
         *rendered("evaluation"),
         *rendered_with_components("auto-migration", "manual-webhook-certs"),
         *rendered("existing-infra"),
+        *rendered("model-cache"),
     ]
     checked = [obj for obj in objects if (obj["apiVersion"], obj["kind"]) not in CERT_MANAGER_KINDS]
     assert len(checked) > 40
