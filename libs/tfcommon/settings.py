@@ -11,7 +11,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -91,6 +91,34 @@ class SchedulerKubernetesSettings(BaseSettings):
         gt=0,
         description="waiting pods are tried again this often, and whenever capacity frees",
     )
+    leader_election: bool = Field(
+        default=True, description="kubernetes mode: only the holder of the Lease watches, places and binds"
+    )
+    lease_name: str = Field(
+        default="tfpool-scheduler", min_length=1, description="the coordination.k8s.io Lease of the election"
+    )
+    lease_namespace: str | None = Field(
+        default=None, description="the Lease's namespace; unset: POD_NAMESPACE, else the service account's"
+    )
+    lease_duration_s: int = Field(
+        default=15, ge=1, description="a leader that stops renewing is replaced after this many seconds"
+    )
+    renew_deadline_s: float = Field(
+        default=10.0, gt=0, description="a leader that cannot renew for this long stops watching and binding"
+    )
+    retry_period_s: float = Field(
+        default=2.0, gt=0, description="how often the leader renews and the other replicas try to acquire"
+    )
+
+    @model_validator(mode="after")
+    def _election_timings_fit(self) -> SchedulerKubernetesSettings:
+        if not self.retry_period_s < self.renew_deadline_s < self.lease_duration_s:
+            raise ValueError(
+                "TF_SCHEDULER_RETRY_PERIOD_S < TF_SCHEDULER_RENEW_DEADLINE_S < TF_SCHEDULER_LEASE_DURATION_S "
+                f"is required, got {self.retry_period_s} < {self.renew_deadline_s} < "
+                f"{self.lease_duration_s}: shorten the renew deadline or lengthen the lease duration"
+            )
+        return self
 
 
 class SchedulerSettings(ServiceSettings):

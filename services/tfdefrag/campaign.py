@@ -2,10 +2,13 @@
 
 One campaign per pool at a time (the store's advisory lock), its progress in Postgres so a restart
 resumes it. For each node the core plans, one pod after another: hold the simulated target capacity
-in the ledger (with an expiry), evict through the Eviction API, release the hold so the scheduler can
-place the replacement, and wait until the replacement is bound elsewhere. A refused eviction or a
-replacement not placed in time stops that node: it gets `defrag-evict-skip=true` with the reason and
-the campaign goes on with the next candidate. Events go out on NATS; decisions come from the core.
+in the ledger for the pod's replacement (with an expiry, and whom it is for: the pod's namespace, name
+and controller owner uid), evict through the Eviction API, and wait until the replacement is bound
+elsewhere. The scheduler places the replacement into the hold (`SqlLedger.claim_hold`), so nothing
+else takes that capacity meanwhile; a hold left unclaimed is released once the replacement is placed
+elsewhere or not in time, and by expiry after a crash. A refused eviction or a replacement not placed
+in time stops that node: it gets `defrag-evict-skip=true` with the reason and the campaign goes on with
+the next candidate. Events go out on NATS; decisions come from the core.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from tfcommon.events import (
     PodEvicted,
     WorkloadRef,
 )
-from tfcommon.ledger.records import ReservationRequest, Reserved, ShareRequest
+from tfcommon.ledger.records import HoldFor, ReservationRequest, Reserved, ShareRequest
 from tfcommon.ledger.sql import SqlLedger
 from tfcommon.placement import Profile
 
@@ -286,7 +289,8 @@ class CampaignExecutor:
             return False  # gone already, or the name now belongs to a replacement elsewhere
         hold_id = uuid5(HOLD_NAMESPACE, f"{campaign.id}/{pod.uid}")
         allocation = loaded.allocations.get(move.key)
-        reserved = await deps.ledger.reserve(
+        hold_expires_at = self._now() + deps.settings.hold_ttl
+        reserved = await deps.ledger.reserve_hold(
             ReservationRequest(
                 allocation_id=hold_id,
                 workload=WorkloadRef(
@@ -306,7 +310,14 @@ class CampaignExecutor:
                 qos=allocation.qos if allocation is not None else "medium",
                 isolation=allocation.isolation if allocation is not None else "soft",
                 cause=campaign.id,
-            )
+            ),
+            HoldFor(
+                pool=campaign.pool,
+                namespace=pod.namespace,
+                name=pod.name,
+                owner_uid=_controller_uid(pod),
+                expires_at=hold_expires_at,
+            ),
         )
         if not isinstance(reserved, Reserved):
             raise _NodeFailedError(f"target capacity on {move.to_node} is no longer free for {move.key}")
@@ -320,14 +331,15 @@ class CampaignExecutor:
             siblings_before=_siblings(loaded.pods, pod),
             target_node=move.to_node,
             hold_allocation_id=hold_id,
-            hold_expires_at=self._now() + deps.settings.hold_ttl,
+            hold_expires_at=hold_expires_at,
         )
         result = await deps.cluster.evict_pod(pod.namespace, pod.name)
-        await self._release_hold(hold_id)
         if isinstance(result, EvictionBlocked):
+            await self._release_hold(hold_id, "defrag hold released: eviction refused")
             await deps.store.set_move_state(campaign.id, pod.uid, "failed", self._now(), reason=result.reason)
             raise _NodeFailedError(f"eviction of {move.key} refused: {result.reason}")
         if isinstance(result, NotFound):
+            await self._release_hold(hold_id, "defrag hold released: pod already gone")
             await deps.store.set_move_state(
                 campaign.id, pod.uid, "placed", self._now(), reason="pod already gone"
             )
@@ -370,12 +382,15 @@ class CampaignExecutor:
 
     async def _resume_move(self, campaign: CampaignRecord, move: MoveRecord) -> None:
         """Finish a move a crash interrupted: forget it if the pod was never evicted, else wait for
-        its replacement (from the eviction time, so a restart does not extend the wait)."""
-        if not move.hold_released and move.hold_allocation_id is not None:
-            await self._release_hold(move.hold_allocation_id)
+        its replacement (from the eviction time, so a restart does not extend the wait), keeping the
+        hold for it meanwhile."""
         if move.state == "evicting":
             pod = await self.deps.cluster.get_pod(move.pod_namespace, move.pod_name)
             if pod is not None and pod.uid == move.pod_uid:
+                if move.hold_allocation_id is not None:
+                    await self._release_hold(
+                        move.hold_allocation_id, "defrag hold released: move interrupted"
+                    )
                 await self.deps.store.set_move_state(
                     campaign.id, move.pod_uid, "failed", self._now(), reason="interrupted before eviction"
                 )
@@ -395,12 +410,18 @@ class CampaignExecutor:
         while True:
             placed_on = await self._replacement_node(move)
             if placed_on is not None:
+                if move.hold_allocation_id is not None:  # a no-op when the replacement claimed it
+                    await self._release_hold(
+                        move.hold_allocation_id, f"defrag hold released: replacement placed on {placed_on}"
+                    )
                 await self.deps.store.set_move_state(
                     campaign.id, move.pod_uid, "placed", self._now(), placed_on=placed_on
                 )
                 return
             if self._now() >= until:
                 reason = f"replacement for {key} was not placed in time"
+                if move.hold_allocation_id is not None:
+                    await self._release_hold(move.hold_allocation_id, f"defrag hold released: {reason}")
                 await self.deps.store.set_move_state(
                     campaign.id, move.pod_uid, "failed", self._now(), reason=reason
                 )
@@ -423,8 +444,9 @@ class CampaignExecutor:
                 return pod.node_name
         return None
 
-    async def _release_hold(self, hold_id: UUID) -> None:
-        await self.deps.ledger.release(hold_id, "defrag hold handed to the replacement")
+    async def _release_hold(self, hold_id: UUID, reason: str) -> None:
+        """Give the hold's capacity back unless the replacement claimed it already (then a no-op)."""
+        await self.deps.ledger.release(hold_id, reason)
         await self.deps.store.hold_released(hold_id)
 
     async def release_expired_holds(self) -> int:

@@ -2,7 +2,10 @@
 
 Only wiring lives here: `compose` plugs the API, the consumers (submitted workloads, node-agent
 inventory), the outbox relay and the timers into the shared runtime (`tfcommon.runtime`); decisions
-live in `tfscheduler.core` and `tfscheduler.engine`. Nothing is built at import time.
+live in `tfscheduler.core` and `tfscheduler.engine`. In Kubernetes mode with leader election only the
+holder of the Lease runs the pod watch, binding, status writer, cordon sync and pending retries
+(`kubernetes_tasks`); every replica serves the API and `GET /api/v1/leader`. Nothing is built at import
+time.
 """
 
 from __future__ import annotations
@@ -10,20 +13,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import yaml
-from pydantic import Field
+from fastapi import APIRouter
+from pydantic import BaseModel, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from tfcommon import subjects
+from tfcommon.cluster import Cluster
+from tfcommon.cluster.leader import ElectionTimings
+from tfcommon.cluster.leader_election import LeaderElector, default_identity, default_namespace
+from tfcommon.cluster.port import LeaseStore
 from tfcommon.config import load_config
 from tfcommon.consumer import run_pull_consumer
 from tfcommon.events import Message, WorkloadSubmitted
 from tfcommon.ledger.outbox import OutboxRelay
 from tfcommon.runtime import Components, ServiceContext, ServiceSpec, run_service
-from tfcommon.settings import SchedulerSettings
+from tfcommon.settings import SchedulerKubernetesSettings, SchedulerSettings
 
 from tfscheduler.api import build_router
 from tfscheduler.core.quota import NamespaceQuota, QuotaError, parse_quota
@@ -34,6 +43,7 @@ from tfscheduler.submission import Submission
 
 SERVICE = "scheduler"
 log = logging.getLogger("tfscheduler")
+Tasks = dict[str, Callable[[], Coroutine[Any, Any, None]]]
 
 
 class SchedulerOptions(BaseSettings):
@@ -127,9 +137,12 @@ async def compose(context: ServiceContext[SchedulerSettings]) -> Components:
             await scheduler.submit(submission, cause=message.event_id)
         return ()
 
+    elector: LeaderElector | None = None
+
     async def refresh() -> None:
         await scheduler.start()
-        await scheduler.retry_pending()
+        if elector is None or elector.is_leader:
+            await scheduler.retry_pending()
 
     tasks = {
         "schedule-workload": lambda: run_pull_consumer(
@@ -152,12 +165,99 @@ async def compose(context: ServiceContext[SchedulerSettings]) -> Components:
         "check-nodes": lambda: _every(options.node_check_interval_s, stop, scheduler.recheck_nodes),
         "refresh-view": lambda: _every(options.refresh_interval_s, stop, refresh),
     }
+    routers = [build_router(scheduler, context.settings.api_token)]
     if isinstance(scheduler, KubernetesScheduler):
-        tasks.update(wire_kubernetes(scheduler, kubernetes).tasks(stop))
+        from tfcommon.cluster.kubernetes import KubernetesCluster
+
+        cluster = KubernetesCluster.from_environment(
+            kubeconfig=str(kubernetes.kubeconfig) if kubernetes.kubeconfig else None,
+            context=kubernetes.kube_context,
+        )
+        context.cleanup.callback(cluster.close)
+        if kubernetes.leader_election:
+            elector = leader_elector(cluster, kubernetes)
+        del tasks["retry-pending"]  # the engine's retry would reserve pods that nobody binds
+        tasks.update(kubernetes_tasks(scheduler, kubernetes, stop, cluster=cluster, elector=elector))
+    routers.append(leader_router(elector))
     if options.run_outbox_relay:
         relay = OutboxRelay(context.ledger, context.bus)
         tasks["outbox-relay"] = lambda: relay.run(stop)
-    return Components(routers=[build_router(scheduler, context.settings.api_token)], tasks=tasks)
+    return Components(routers=routers, tasks=tasks)
+
+
+def leader_elector(
+    leases: LeaseStore, settings: SchedulerKubernetesSettings, *, identity: str | None = None
+) -> LeaderElector:
+    """A candidate for the scheduler's Lease, named by `identity` (default: POD_NAME, else hostname_pid)."""
+    return LeaderElector(
+        leases,
+        namespace=default_namespace(settings.lease_namespace),
+        name=settings.lease_name,
+        identity=identity or default_identity(),
+        timings=ElectionTimings(
+            settings.lease_duration_s, settings.renew_deadline_s, settings.retry_period_s
+        ),
+    )
+
+
+def kubernetes_tasks(
+    scheduler: KubernetesScheduler,
+    settings: SchedulerKubernetesSettings,
+    stop: asyncio.Event,
+    *,
+    cluster: Cluster,
+    elector: LeaderElector | None,
+) -> Tasks:
+    """Kubernetes mode's tasks. Without `elector`: the pod watch, binding, retries, status and cordons run
+    at once. With it: one `leader-election` task runs them only while this replica holds the Lease, each
+    term on a view rebuilt from the ledger (the previous leader changed it) and a fresh pod loop."""
+    if elector is None:
+        return dict(wire_kubernetes(scheduler, settings, cluster=cluster).tasks(stop))
+
+    async def lead(term_over: asyncio.Event) -> None:
+        await scheduler.start()
+        await _run_together(wire_kubernetes(scheduler, settings, cluster=cluster).tasks(term_over))
+
+    return {"leader-election": lambda: elector.run(stop, lead)}
+
+
+async def _run_together(tasks: Mapping[str, Callable[[], Awaitable[None]]]) -> None:
+    async with asyncio.TaskGroup() as group:
+        for name, task in tasks.items():
+            group.create_task(_call(task), name=f"{SERVICE}-{name}")
+
+
+async def _call(task: Callable[[], Awaitable[None]]) -> None:
+    await task()
+
+
+class LeaderStatus(BaseModel):
+    """`GET /api/v1/leader`: whether this replica places pods; `election` false means every replica does."""
+
+    leader: bool
+    election: bool
+    identity: str | None
+    holder: str | None
+    lease: str | None
+
+
+def leader_router(elector: LeaderElector | None) -> APIRouter:
+    """`GET /api/v1/leader`: whether this replica is the one placing pods (always true without election)."""
+    router = APIRouter(prefix="/api/v1", tags=["scheduler"])
+
+    @router.get("/leader")
+    async def leader() -> LeaderStatus:
+        if elector is None:
+            return LeaderStatus(leader=True, election=False, identity=None, holder=None, lease=None)
+        return LeaderStatus(
+            leader=elector.is_leader,
+            election=True,
+            identity=elector.identity,
+            holder=elector.holder or None,
+            lease=elector.lease,
+        )
+
+    return router
 
 
 def build(settings: SchedulerSettings) -> ServiceSpec[SchedulerSettings]:

@@ -4,6 +4,12 @@ One `Scheduler` per process. Decisions come from `tfcommon.placement` and `tfsch
 module loads ledger state, writes reservations (the database refuses over-allocation, so several
 scheduler processes stay correct: a refused reservation refreshes the node and places again) and
 publishes the scheduler's own events. Allocation events go out through the ledger outbox.
+
+A replacement of a pod the defrag planner evicted goes into the capacity hold kept for it: the ledger
+swaps the hold for the replacement's allocation on the same GPUs (`SqlLedger.claim_hold`). The active
+holds are kept in memory (`holds`), read with the full view, every node re-check, after a refused
+reservation, and before each batch while a node is being drained; placing costs no extra query
+otherwise.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from tfcommon.ledger import tables
 from tfcommon.ledger.records import (
     AllocationRecord,
     GpuRecord,
+    HoldRecord,
     InsufficientCapacity,
     NodeRecord,
     ReservationRejected,
@@ -60,6 +67,7 @@ from tfscheduler.core.quota import (
 )
 from tfscheduler.core.reports import unschedulable_event, unschedulable_summary
 from tfscheduler.core.view import (
+    DEFRAG_SOURCE,
     allocation_id_for,
     build_snapshot,
     node_block_reason,
@@ -89,6 +97,7 @@ class _Queued:
     submission: Submission
     cause: UUID | None
     future: asyncio.Future[WorkloadStatus]
+    owner_uid: str | None = None
 
 
 @dataclass(frozen=True)
@@ -145,6 +154,7 @@ class Scheduler:
         self.blocked: dict[str, str] = {}
         self.heartbeat_intervals_ms: dict[str, int] = {}
         self.active: dict[UUID, Active] = {}
+        self.holds: dict[UUID, HoldRecord] = {}
         self.capacity_freed = asyncio.Event()
         self._lock = asyncio.Lock()
         self._profiles: dict[str, Profile] = {}
@@ -217,6 +227,7 @@ class Scheduler:
             else self._active(a, stored.get(a.allocation_id))
             for a in allocations
         }
+        await self._refresh_holds()
         self._last_full_refresh = asyncio.get_running_loop().time()
 
     def _active(self, record: AllocationRecord, stored: StoredWorkload | None) -> Active:
@@ -266,9 +277,11 @@ class Scheduler:
     async def recheck_nodes(self) -> None:
         """Re-read node flags and heartbeats from the ledger; block or unblock nodes whose state changed."""
         nodes = await self.ledger.list_nodes()
+        holds = await self.ledger.active_holds()
         now = self.clock()
         unblocked = False
         async with self._lock:
+            self.holds = {hold.allocation.allocation_id: hold for hold in holds}
             for node in nodes:
                 reason = node_block_reason(
                     node,
@@ -294,15 +307,18 @@ class Scheduler:
 
     # ---------------------------------------------------------------------------------- placing
 
-    async def submit(self, submission: Submission, *, cause: UUID | None = None) -> WorkloadStatus:
+    async def submit(
+        self, submission: Submission, *, cause: UUID | None = None, owner_uid: str | None = None
+    ) -> WorkloadStatus:
         """Place `submission` now, or record it as pending with the reason. Idempotent per workload.
 
         Submissions that arrive while a batch is being written are placed together: one after another
         against the view, then reserved in one ledger transaction (a refused one is placed again on
-        its own). Each caller still gets its own workload's status.
+        its own). Each caller still gets its own workload's status. `owner_uid` (the pod's controller
+        owner) lets a replacement claim the defrag hold kept for the pod it replaces.
         """
         future: asyncio.Future[WorkloadStatus] = asyncio.get_running_loop().create_future()
-        self._queue.append(_Queued(submission, cause, future))
+        self._queue.append(_Queued(submission, cause, future, owner_uid))
         if self._drainer is None or self._drainer.done():
             self._drainer = asyncio.create_task(self._drain(), name=f"{self.name}-submissions")
         return await asyncio.shield(future)
@@ -332,10 +348,15 @@ class Scheduler:
                 first_of[allocation_id] = item
                 entries.append((stored[allocation_id], item.cause))
         fresh = [(workload, cause) for workload, cause in entries if workload.state == "pending"]
+        owners = {
+            allocation_id_for(item.submission.workload): item.owner_uid for item in batch if item.owner_uid
+        }
         statuses: dict[UUID, WorkloadStatus] = {}
         async with self._lock:
             self._learn([workload for workload, _cause in fresh])
-            statuses.update(await self._place_batch(await self._still_pending(fresh), announce=True))
+            statuses.update(
+                await self._place_batch(await self._still_pending(fresh), announce=True, owners=owners)
+            )
         unsettled = [
             workload.allocation_id for workload, _cause in entries if workload.allocation_id not in statuses
         ]
@@ -376,11 +397,22 @@ class Scheduler:
         ]
 
     async def _place_batch(
-        self, entries: list[tuple[StoredWorkload, UUID | None]], *, announce: bool, refreshed: bool = False
+        self,
+        entries: list[tuple[StoredWorkload, UUID | None]],
+        *,
+        announce: bool,
+        refreshed: bool = False,
+        owners: Mapping[UUID, str] | None = None,
     ) -> dict[UUID, WorkloadStatus]:
         """Place `entries` in order against the view, reserve those that fit in one transaction, and
-        place every other one (and any the ledger refused) on its own. Call with the lock held."""
+        place every other one (and any the ledger refused) on its own. Replacements of pods the defrag
+        planner evicted go into their holds first. Call with the lock held."""
+        owners = owners or {}
         statuses: dict[UUID, WorkloadStatus] = {}
+        if entries and self._draining():
+            await self._refresh_holds()
+        if self.holds:
+            entries = await self._claim_holds(entries, owners, statuses)
         tentative: list[_Tentative] = []
         alone: list[tuple[StoredWorkload, UUID | None]] = []
         # Once a workload needs the full path (it may preempt), no lower-priority one jumps ahead of it.
@@ -438,6 +470,11 @@ class Scheduler:
             touched = {t.outcome.node for t, _result in refused} | {record.node for _t, record in replayed}
             for node in sorted(touched):
                 await self._rebuild_node(node)
+            if len(replayed) < len(refused):
+                # The view missed ledger changes: a hold reserved since the last read may be one of them.
+                await self._refresh_holds()
+                if self.holds:
+                    alone = await self._claim_holds(alone, owners, statuses)
         if (
             alone
             and not refreshed
@@ -445,7 +482,7 @@ class Scheduler:
             and any(self._unplaceable(stored) for stored, _cause in alone)
         ):
             await self._full_refresh()
-            statuses.update(await self._place_batch(alone, announce=announce, refreshed=True))
+            statuses.update(await self._place_batch(alone, announce=announce, refreshed=True, owners=owners))
             return statuses
         waiting: list[tuple[StoredWorkload, UUID | None, str, Rejection]] = []
         for stored, cause in alone:
@@ -456,6 +493,108 @@ class Scheduler:
                 waiting.append((stored, cause, *verdict))
         statuses.update(await self._wait_many(waiting, announce))
         return statuses
+
+    async def _refresh_holds(self) -> None:
+        self.holds = {hold.allocation.allocation_id: hold for hold in await self.ledger.active_holds()}
+
+    def _draining(self) -> bool:
+        """A defrag drain is under way (a hold is known, or a node carries the defrag-source marker)."""
+        return bool(self.holds) or any(DEFRAG_SOURCE in reason for reason in self.blocked.values())
+
+    def _hold_for(self, submission: Submission, owner_uid: str | None) -> HoldRecord | None:
+        """The unexpired hold kept for this workload: same namespace and pool, and the same controller
+        owner or (local mode recreates with the same name) the same name."""
+        workload = submission.workload
+        now = self.clock()
+        for hold in self.holds.values():
+            held_for = hold.held_for
+            if (
+                held_for.namespace == workload.namespace
+                and held_for.pool == submission.request.pool
+                and held_for.expires_at > now
+                and (
+                    (held_for.owner_uid is not None and held_for.owner_uid == owner_uid)
+                    or held_for.name == workload.name
+                )
+            ):
+                return hold
+        return None
+
+    async def _claim_holds(
+        self,
+        entries: list[tuple[StoredWorkload, UUID | None]],
+        owners: Mapping[UUID, str],
+        statuses: dict[UUID, WorkloadStatus],
+    ) -> list[tuple[StoredWorkload, UUID | None]]:
+        """Place each entry a hold is kept for into its hold; returns the entries left to place."""
+        remaining = []
+        for stored, cause in entries:
+            hold = self._hold_for(stored.submission, owners.get(stored.allocation_id))
+            status = None if hold is None else await self._claim(stored, cause, hold)
+            if status is None:
+                remaining.append((stored, cause))
+            else:
+                statuses[stored.allocation_id] = status
+        return remaining
+
+    async def _claim(
+        self, stored: StoredWorkload, cause: UUID | None, hold: HoldRecord
+    ) -> WorkloadStatus | None:
+        """Swap `hold` for the workload's allocation on the same GPUs; None when it does not fit the
+        hold (more than held, another GPU count, a quota, a blocked node) and goes the normal way."""
+        hold_id = hold.allocation.allocation_id
+        self.holds.pop(hold_id, None)  # one replacement per hold, whatever happens next
+        submission = stored.submission
+        workload = submission.workload
+        quota = self.quotas.get(workload.namespace)
+        request = with_defaults(quota, submission.request)
+        node = self.view.nodes.get(hold.allocation.node)
+        if check_single(quota, request) is not None or node is None or node.name in self.blocked:
+            return None
+        try:
+            wanted = placement_request(
+                f"{workload.namespace}/{workload.name}",
+                request,
+                tolerations=submission.tolerations,
+                node_selector=submission.node_selector,
+            )
+        except PlacementRequestError:
+            return None
+        held = placement_of(hold.allocation, node)
+        gpus = {gpu.uuid: gpu for gpu in node.gpus}
+        if wanted.gpu_count != len(held.gpu_uuids) or any(uuid not in gpus for uuid in held.gpu_uuids):
+            return None
+        outcome = replace(
+            held,
+            request_name=wanted.name,
+            tflops_milli=tuple(wanted.tflops_on(gpus[uuid]) for uuid in held.gpu_uuids),
+            vram_bytes=tuple(wanted.vram_on(gpus[uuid]) for uuid in held.gpu_uuids),
+            policy="defrag-hold",
+        )
+        if quota is not None:
+            used = usage_by_namespace(a.record for a in self.active.values()).get(workload.namespace, Usage())
+            if check_total(quota, used, demand_of(outcome, request)) is not None:
+                return None
+        result = await self.ledger.claim_hold(
+            hold_id, _reservation(stored.allocation_id, submission, request, outcome, cause)
+        )
+        if not isinstance(result, Reserved) or result.replayed:
+            return None
+        self.active.pop(hold_id, None)
+        self.active[stored.allocation_id] = self._active(result.allocation, stored)
+        await self._rebuild_node(node.name)
+        await self.store.set_state(stored.allocation_id, "placed", None, self.clock())
+        log.info(
+            "replacement placed into its defrag hold",
+            extra={
+                "workload": f"{workload.namespace}/{workload.name}",
+                "hold": str(hold_id),
+                "node": node.name,
+            },
+        )
+        if outcome.tflops_milli != held.tflops_milli or outcome.vram_bytes != held.vram_bytes:
+            self.capacity_freed.set()
+        return _placed_status(result.allocation)
 
     def _unplaceable(self, stored: StoredWorkload) -> tuple[str, Rejection] | None:
         """The unschedulable summary when the workload fits nowhere in the view and preempts nobody;

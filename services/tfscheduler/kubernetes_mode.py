@@ -285,7 +285,9 @@ class KubernetesMode:
             await self._report(pod, f"pod {pod.namespace}/{pod.name} cannot be placed: {error}")
             return None
         self.pending[pod.uid] = pod
-        status = await self.scheduler.submit(work.submission)
+        owner = next((o for o in pod.owner_references if o.controller), None)
+        owner_uid = (owner.uid or owner.name) if owner is not None else None
+        status = await self.scheduler.submit(work.submission, owner_uid=owner_uid)
         if status.state == "placed" and status.node is not None:
             await self._bind(pod, status)
         elif status.state in ("pending", "refused"):

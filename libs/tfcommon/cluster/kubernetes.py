@@ -2,7 +2,8 @@
 
 The client is synchronous: each call runs in a bounded pool of worker threads, each pod watch in a
 daemon thread of its own that hands events to the event loop. Objects are read as raw JSON and
-translated by `tfcommon.cluster.manifests`, the same code the in-memory fake uses. Every verb and
+translated by `tfcommon.cluster.manifests`, the same code the in-memory fake uses; leader-election
+Leases go through the client's typed `CoordinationV1Api`. Every verb and
 resource used here is listed in `tfcommon.cluster.rbac.REQUIRED_RBAC`; keep the two in step.
 """
 
@@ -12,7 +13,7 @@ import asyncio
 import json
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from functools import partial
 from typing import Any
@@ -23,6 +24,7 @@ from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 
 from tfcommon.cluster.kubernetes_watch import KubernetesPodWatch
+from tfcommon.cluster.leader import LeaseRecord
 from tfcommon.cluster.manifests import (
     binding_body,
     custom_object_from_manifest,
@@ -97,6 +99,52 @@ def _custom_path(kind: CustomResource, namespace: str | None, name: str | None =
     if sub:
         path += f"/{sub}"
     return path
+
+
+def _micro_time(moment: datetime | None) -> datetime | None:
+    """A Lease time the API server accepts: the client writes `isoformat()`, which drops a zero fraction
+    that `MicroTime` requires, so a whole second is nudged by one microsecond."""
+    if moment is None or moment.microsecond:
+        return moment
+    return moment.replace(microsecond=1)
+
+
+def _lease_body(namespace: str, name: str, record: LeaseRecord) -> Any:
+    return k8s_client.V1Lease(
+        api_version="coordination.k8s.io/v1",
+        kind="Lease",
+        metadata=k8s_client.V1ObjectMeta(
+            name=name, namespace=namespace, resource_version=record.resource_version or None
+        ),
+        spec=k8s_client.V1LeaseSpec(
+            holder_identity=record.holder_identity,
+            lease_duration_seconds=record.lease_duration_s,
+            acquire_time=_micro_time(record.acquire_time),
+            renew_time=_micro_time(record.renew_time),
+            lease_transitions=record.lease_transitions,
+        ),
+    )
+
+
+def _lease_record(lease: Any) -> LeaseRecord:
+    spec = lease.spec or k8s_client.V1LeaseSpec()
+    return LeaseRecord(
+        holder_identity=spec.holder_identity or "",
+        lease_duration_s=int(spec.lease_duration_seconds or 0),
+        acquire_time=spec.acquire_time,
+        renew_time=spec.renew_time,
+        lease_transitions=int(spec.lease_transitions or 0),
+        resource_version=str(lease.metadata.resource_version or ""),
+    )
+
+
+def _api_error(error: Any) -> ClusterError:
+    try:
+        body = json.loads(error.body) if error.body else {}
+    except ValueError:
+        body = {}
+    message = body.get("message") if isinstance(body, dict) else None
+    return ClusterError(int(error.status or 0), str(error.reason or "Error"), str(message or error.reason))
 
 
 def _label_selector(labels: Mapping[str, str] | None) -> str:
@@ -243,6 +291,56 @@ class KubernetesCluster:
         if reply.status == 404:
             return NotFound(reply.message)
         raise reply.error()
+
+    async def _leases(self, call: Callable[[Any], Any]) -> Any:
+        def run() -> Any:
+            try:
+                return call(k8s_client.CoordinationV1Api(self._api))
+            except (urllib3.exceptions.HTTPError, OSError) as error:
+                raise ClusterError(0, "Unreachable", f"leases: {error}") from error
+
+        return await asyncio.get_running_loop().run_in_executor(self._executor, run)
+
+    # -- leases (leader election) ----------------------------------------------------------------
+
+    async def get_lease(self, namespace: str, name: str) -> LeaseRecord | None:
+        timeout = self.request_timeout_s
+        try:
+            lease = await self._leases(
+                lambda api: api.read_namespaced_lease(name, namespace, _request_timeout=timeout)
+            )
+        except k8s_client.ApiException as error:
+            if error.status == 404:
+                return None
+            raise _api_error(error) from error
+        return _lease_record(lease)
+
+    async def create_lease(self, namespace: str, name: str, record: LeaseRecord) -> PatchResult:
+        body = _lease_body(namespace, name, replace(record, resource_version=""))
+        timeout = self.request_timeout_s
+        return await self._write_lease(
+            lambda api: api.create_namespaced_lease(namespace, body, _request_timeout=timeout)
+        )
+
+    async def update_lease(self, namespace: str, name: str, record: LeaseRecord) -> PatchResult:
+        if not record.resource_version:
+            raise ValueError("update_lease needs the resource_version read with the lease (optimistic write)")
+        body = _lease_body(namespace, name, record)
+        timeout = self.request_timeout_s
+        return await self._write_lease(
+            lambda api: api.replace_namespaced_lease(name, namespace, body, _request_timeout=timeout)
+        )
+
+    async def _write_lease(self, call: Callable[[Any], Any]) -> PatchResult:
+        try:
+            lease = await self._leases(call)
+        except k8s_client.ApiException as error:
+            if error.status == 409:
+                return Conflict(str(error.reason or "Conflict"))
+            if error.status == 404:
+                return NotFound(str(error.reason or "NotFound"))
+            raise _api_error(error) from error
+        return Applied(str(lease.metadata.resource_version or ""))
 
     # -- pods ------------------------------------------------------------------------------------
 

@@ -13,9 +13,11 @@ import itertools
 import uuid
 from collections import deque
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
+from tfcommon.cluster.leader import LeaseRecord
 from tfcommon.cluster.manifests import (
     custom_object_from_manifest,
     format_timestamp,
@@ -83,6 +85,7 @@ class InMemoryCluster:
         self._pod_version = 0
         self._changed = asyncio.Event()
         self.events: list[dict[str, Any]] = []
+        self._leases: dict[tuple[str, str], LeaseRecord] = {}
 
     # -- seeding and inspection (not part of the port) ------------------------------------------
 
@@ -348,6 +351,34 @@ class InMemoryCluster:
         if resource_version:
             patch["metadata"] = {"resourceVersion": resource_version}
         return self._update((kind.plural, namespace if kind.namespaced else None, name), patch)
+
+    # -- leases ----------------------------------------------------------------------------------
+
+    async def get_lease(self, namespace: str, name: str) -> LeaseRecord | None:
+        return self._leases.get((namespace, name))
+
+    async def create_lease(self, namespace: str, name: str, record: LeaseRecord) -> PatchResult:
+        if (namespace, name) in self._leases:
+            return Conflict(f'leases.coordination.k8s.io "{name}" already exists')
+        return self._store_lease(namespace, name, record)
+
+    async def update_lease(self, namespace: str, name: str, record: LeaseRecord) -> PatchResult:
+        if not record.resource_version:
+            raise ValueError("update_lease needs the resource_version read with the lease (optimistic write)")
+        stored = self._leases.get((namespace, name))
+        if stored is None:
+            return NotFound(f'leases.coordination.k8s.io "{name}" not found')
+        if stored.resource_version != record.resource_version:
+            return Conflict(
+                f'Operation cannot be fulfilled on leases.coordination.k8s.io "{name}": the object has been '
+                "modified; please apply your changes to the latest version and try again"
+            )
+        return self._store_lease(namespace, name, record)
+
+    def _store_lease(self, namespace: str, name: str, record: LeaseRecord) -> Applied:
+        self._version = next(self._versions)
+        self._leases[(namespace, name)] = replace(record, resource_version=str(self._version))
+        return Applied(str(self._version))
 
 
 class InMemoryPodWatch:

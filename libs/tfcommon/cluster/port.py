@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
+from tfcommon.cluster.leader import LeaseRecord
 from tfcommon.cluster.model import (
     BindResult,
     CustomObject,
@@ -151,3 +152,16 @@ class Cluster(Protocol):
     ) -> PatchResult:
         """Merge `status` through the status subresource (spec untouched); `None` values remove fields."""
         ...
+
+
+class LeaseStore(Protocol):
+    """`coordination.k8s.io/v1` Leases, for leader election (`tfcommon.cluster.leader_election`).
+
+    Writes are optimistic: `update_lease` only succeeds if the Lease still has `record.resource_version`
+    and `create_lease` only if there is none, otherwise `Conflict`; `Applied` carries the new version."""
+
+    async def get_lease(self, namespace: str, name: str) -> LeaseRecord | None: ...
+
+    async def create_lease(self, namespace: str, name: str, record: LeaseRecord) -> PatchResult: ...
+
+    async def update_lease(self, namespace: str, name: str, record: LeaseRecord) -> PatchResult: ...

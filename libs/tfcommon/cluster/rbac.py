@@ -50,3 +50,11 @@ REQUIRED_RBAC: dict[str, list[PolicyRule]] = {
     ],
 }
 """Rules per service account. `get` covers the `get_*` methods, `list` the `list_*` ones."""
+
+LEASE_RBAC: dict[str, list[PolicyRule]] = {
+    "scheduler": [PolicyRule("coordination.k8s.io", ("leases",), ("get", "create", "update"))],
+}
+"""Rules per service account granted by a namespaced Role in the service's own namespace: the
+leader-election Lease (`KubernetesCluster.get_lease`, `create_lease`, `update_lease`). `get` and `update`
+are limited to the Lease's name (`resourceNames`); `create` cannot be, as Kubernetes does not know the
+name before the object exists."""

@@ -311,3 +311,29 @@ class ReservationRejected:
 
 
 ReservationResult = Reserved | InsufficientCapacity | ReservationRejected
+
+
+@dataclass(frozen=True)
+class HoldFor:
+    """Whom a capacity hold (a defrag planner's allocation) is kept for: the evicted pod's namespace and
+    name and its controller owner's uid (None when it has none). Its replacement claims the hold."""
+
+    pool: str
+    namespace: str
+    name: str
+    owner_uid: str | None
+    expires_at: datetime
+
+    def __post_init__(self) -> None:
+        _require_name("hold.pool", self.pool)
+        _require_name("hold.namespace", self.namespace)
+        _require_name("hold.name", self.name)
+        _require_aware("hold.expires_at", self.expires_at)
+
+
+@dataclass(frozen=True)
+class HoldRecord:
+    """An active capacity hold: its allocation (node and shares) and whom it is kept for."""
+
+    allocation: AllocationRecord
+    held_for: HoldFor

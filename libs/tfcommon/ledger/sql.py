@@ -38,6 +38,8 @@ from tfcommon.ledger.records import (
     GpuSpec,
     HistoryKind,
     HistoryRecord,
+    HoldFor,
+    HoldRecord,
     InsufficientCapacity,
     LedgerInputError,
     NodeRecord,
@@ -411,6 +413,113 @@ class SqlLedger:
             )
             return True
 
+    # ----------------------------------------------------------------------------- capacity holds
+
+    async def reserve_hold(self, request: ReservationRequest, held_for: HoldFor) -> ReservationResult:
+        """Reserve a capacity hold like `reserve()` (not committed) and record, in the same transaction,
+        whom it is kept for; `claim_hold` hands it to that workload's replacement. Replaying it
+        changes nothing."""
+        now = self._clock()
+        try:
+            async with self.engine.begin() as connection:
+                result = await _reserve_one(connection, request, now, False)
+                if isinstance(result, Reserved):
+                    await connection.execute(
+                        insert(tables.allocation_hold)
+                        .values(
+                            allocation_id=request.allocation_id,
+                            pool_name=held_for.pool,
+                            workload_namespace=held_for.namespace,
+                            workload_name=held_for.name,
+                            owner_uid=held_for.owner_uid,
+                            expires_at=held_for.expires_at,
+                            created_at=now,
+                        )
+                        .on_conflict_do_nothing(index_elements=["allocation_id"])
+                    )
+                return result
+        except _PartialReservationError:
+            async with self.engine.connect() as connection:
+                return await _unreserved_result(connection, request)
+        except IntegrityError as refusal:
+            return _refusal_result(request, refusal)
+
+    async def active_holds(self) -> list[HoldRecord]:
+        """The holds not yet claimed, expired or released, oldest first (one indexed query)."""
+        hold = tables.allocation_hold.c
+        allocation = tables.allocation.c
+        query = (
+            select(
+                tables.allocation,
+                hold.pool_name.label("hold_pool"),
+                hold.workload_namespace.label("hold_namespace"),
+                hold.workload_name.label("hold_name"),
+                hold.owner_uid.label("hold_owner_uid"),
+                hold.expires_at.label("hold_expires_at"),
+            )
+            .join(tables.allocation_hold, hold.allocation_id == allocation.allocation_id)
+            .where(hold.claimed_at.is_(None), hold.expires_at > self._clock(), allocation.state != "released")
+            .order_by(hold.created_at, allocation.id)
+        )
+        async with self.engine.connect() as connection:
+            rows = (await connection.execute(query)).all()
+        held_for = {
+            row.allocation_id: HoldFor(
+                pool=row.hold_pool,
+                namespace=row.hold_namespace,
+                name=row.hold_name,
+                owner_uid=row.hold_owner_uid,
+                expires_at=row.hold_expires_at,
+            )
+            for row in rows
+        }
+        return [HoldRecord(record, held_for[record.allocation_id]) for record in _allocation_records(rows)]
+
+    async def claim_hold(self, hold_id: UUID, request: ReservationRequest) -> ReservationResult | None:
+        """Swap the hold for `request` (its replacement's allocation, committed) in one transaction:
+        release the hold (history `released`, reason `defrag hold claimed by <namespace>/<name>`),
+        reserve `request` on the hold's GPUs, and mark the hold claimed by it.
+
+        None when the hold is gone, claimed, released or expired: place the workload normally.
+        `ReservationRejected` (nothing changed) when `request` is not on the hold's pool, node and GPUs
+        or asks more than the hold on a GPU; another result of `reserve()` likewise changes nothing.
+        """
+        now = self._clock()
+        hold = tables.allocation_hold.c
+        try:
+            async with self.engine.begin() as connection:
+                held = (
+                    await connection.execute(
+                        select(tables.allocation_hold)
+                        .where(
+                            hold.allocation_id == hold_id, hold.claimed_at.is_(None), hold.expires_at > now
+                        )
+                        .with_for_update()
+                    )
+                ).first()
+                record = await _load_allocation(connection, hold_id) if held is not None else None
+                if held is None or record is None or record.state == "released":
+                    return None
+                refusal = _outside_hold(record, request)
+                if refusal is not None:
+                    return refusal
+                workload = request.workload
+                reason = f"defrag hold claimed by {workload.namespace}/{workload.name}"
+                await _release_hold_rows(connection, record, reason, request.cause, now)
+                result = await _reserve_one(connection, request, now, True)
+                if not isinstance(result, Reserved) or result.replayed:
+                    raise _ClaimUndoneError(result)
+                await connection.execute(
+                    update(tables.allocation_hold)
+                    .where(hold.allocation_id == hold_id)
+                    .values(claimed_by=request.allocation_id, claimed_at=now)
+                )
+                return result
+        except _ClaimUndoneError as undone:
+            return undone.result
+        except _PartialReservationError:
+            return None
+
 
 _RESERVE_STATEMENT = text(
     """
@@ -664,6 +773,80 @@ def _share_refusal(
             capacity=row.capacity_vram_bytes,
         )
     return None
+
+
+class _ClaimUndoneError(Exception):
+    """A hold's claim could not reserve the replacement; its transaction rolls back."""
+
+    def __init__(self, result: ReservationResult) -> None:
+        super().__init__(str(result))
+        self.result = result
+
+
+def _outside_hold(hold: AllocationRecord, request: ReservationRequest) -> ReservationRejected | None:
+    """Why `request` cannot take `hold`'s place, or None when it asks at most the hold on its GPUs."""
+    if request.pool != hold.pool:
+        return ReservationRejected(
+            field="pool", message=f"the hold is in pool {hold.pool!r}, not {request.pool!r}"
+        )
+    if request.node != hold.node:
+        return ReservationRejected(
+            field="node", message=f"the hold is on node {hold.node!r}, not {request.node!r}"
+        )
+    held = {share.gpu_uuid: share for share in hold.shares}
+    if sorted(share.gpu_uuid for share in request.shares) != sorted(held):
+        return ReservationRejected(
+            field="shares[].gpu_uuid",
+            message=f"the hold is on GPUs {', '.join(sorted(held))}; a claim takes exactly those GPUs",
+        )
+    for share in request.shares:
+        kept = held[share.gpu_uuid]
+        if share.tflops_milli > kept.tflops_milli or share.vram_bytes > kept.vram_bytes:
+            return ReservationRejected(
+                field="shares",
+                message=f"asks more than the hold on GPU {share.gpu_uuid}; place the workload normally",
+            )
+    return None
+
+
+async def _release_hold_rows(
+    connection: AsyncConnection, hold: AllocationRecord, reason: str, cause: UUID | None, now: datetime
+) -> None:
+    """`release()`'s writes for a hold being claimed, inside the claim's transaction."""
+    allocation = tables.allocation.c
+    gpu = tables.gpu.c
+    await connection.execute(
+        update(tables.allocation)
+        .where(and_(allocation.allocation_id == hold.allocation_id, allocation.state != "released"))
+        .values(state="released", released_at=now, release_reason=reason)
+    )
+    shares = sorted((share.gpu_uuid, share.tflops_milli, share.vram_bytes) for share in hold.shares)
+    for gpu_uuid, tflops_milli, vram_bytes in shares:
+        await connection.execute(
+            update(tables.gpu)
+            .where(gpu.uuid == gpu_uuid)
+            .values(
+                used_tflops_milli=gpu.used_tflops_milli - tflops_milli,
+                used_vram_bytes=gpu.used_vram_bytes - vram_bytes,
+                version=gpu.version + 1,
+                updated_at=now,
+            )
+        )
+    await _append_history(
+        connection, hold.allocation_id, shares, kind="released", occurred_at=now, cause=cause, reason=reason
+    )
+    await _write_outbox(
+        connection,
+        AllocationReleased(
+            event_id=derived_event_id(hold.allocation_id, AllocationReleased),
+            occurred_at=now,
+            cause=cause,
+            allocation_id=hold.allocation_id,
+            workload=hold.workload,
+            node=hold.node,
+            reason=reason,
+        ),
+    )
 
 
 async def _append_history(

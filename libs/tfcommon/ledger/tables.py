@@ -9,12 +9,16 @@ One writer per table (others only read):
 - `allocation_history`: the same transactions as `allocation`; append-only (a trigger refuses
   UPDATE, DELETE and TRUNCATE).
 - `outbox`: the same transactions as the change they announce; `published_at`: the outbox relay.
+- `allocation_hold`: whom a defrag capacity hold is for, written with the hold's reservation
+  (`SqlLedger.reserve_hold`); `claimed_*`: the scheduler, when the replacement takes the hold
+  (`SqlLedger.claim_hold`).
 
 Quantities are integers only: TFLOPS in milli-TFLOPS, memory in bytes; every time is `timestamptz`.
 The database enforces capacity (`CHECK used <= capacity`, `used >= 0`), not only Python.
 Migration `0001_initial` creates these tables (`0006_metrics_recommendations` adds
 `allocation.eviction_protection_s`, `0007_allocation_share_index` adds `allocation.share_index`
-and its unique index); a test compares the migrated schema with them.
+and its unique index, `0008_allocation_hold` adds `allocation_hold`); a test compares the migrated
+schema with them.
 """
 
 from __future__ import annotations
@@ -203,6 +207,24 @@ outbox = Table(
     _created_at(),
     Column("published_at", DateTime(timezone=True), nullable=True),
     Index("ix_outbox_unpublished_id", "id", postgresql_where=text("published_at IS NULL")),
+)
+
+allocation_hold = Table(
+    "allocation_hold",
+    metadata,
+    Column("allocation_id", Uuid(), primary_key=True),
+    Column("pool_name", Text, nullable=False),
+    Column("workload_namespace", Text, nullable=False),
+    Column("workload_name", Text, nullable=False),
+    Column("owner_uid", Text, nullable=True),
+    Column("expires_at", DateTime(timezone=True), nullable=False),
+    _created_at(),
+    Column("claimed_by", Uuid(), nullable=True),
+    Column("claimed_at", DateTime(timezone=True), nullable=True),
+    CheckConstraint("(claimed_by IS NULL) = (claimed_at IS NULL)", name="claimed_together"),
+    Index(
+        "ix_allocation_hold_unclaimed_expires_at", "expires_at", postgresql_where=text("claimed_at IS NULL")
+    ),
 )
 
 OUTBOX_CHANNEL = "tf_outbox"

@@ -2,9 +2,10 @@
 
 kmock's `KubernetesEmulator` keeps no resource versions, ignores selectors and knows no subresources, so
 this module registers one reaction for resource requests that adds what the adapter relies on: resource
-versions with optimistic concurrency (409), list and watch from a version with `410 Gone` after the
-history is compacted, field and label selectors, `pods/binding`, `pods/eviction` with disruption budgets
-(429), strategic merge of pod conditions, status subresources and core/v1 Events.
+versions with optimistic concurrency (409 on PATCH and PUT, and on a POST of an existing name), list and
+watch from a version with `410 Gone` after the history is compacted, field and label selectors,
+`pods/binding`, `pods/eviction` with disruption budgets (429), strategic merge of pod conditions, status
+subresources, core/v1 Events and coordination.k8s.io Leases.
 """
 
 from __future__ import annotations
@@ -153,6 +154,9 @@ class ApiServerState:
         if method == "POST" and request.name is None:
             body = dict(request.data)
             body.setdefault("metadata", {})["namespace"] = request.namespace
+            name = body["metadata"].get("name") or ""
+            if (resource, request.namespace, name) in self.objects:
+                raise _status(409, "AlreadyExists", f'{request.resource.plural} "{name}" already exists')
             return self.put(resource, body)
         current = self.objects.get(key)
         if current is None:
@@ -165,6 +169,8 @@ class ApiServerState:
             return self._evict(key, current)
         if method == "PATCH":
             return self._patch(key, current, request)
+        if method == "PUT" and request.subresource is None:
+            return self._replace(key, current, dict(request.data or {}))
         raise _status(405, "MethodNotAllowed", f"{method} {request.url.path}: not served by the test server")
 
     async def get_namespace(self, request: Request) -> Any:
@@ -199,6 +205,19 @@ class ApiServerState:
         updated = _merge(current, patch)
         self._commit(key, updated, "MODIFIED", current)
         return copy.deepcopy(updated)
+
+    def _replace(self, key: Key, current: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
+        """`PUT`: the whole object, only if `metadata.resourceVersion` is the stored one (409 otherwise)."""
+        if (body.get("metadata") or {}).get("resourceVersion") != current["metadata"]["resourceVersion"]:
+            raise _status(
+                409,
+                "Conflict",
+                f'Operation cannot be fulfilled on {key[0].rsplit("/", 1)[-1]} "{key[2]}": the object has '
+                "been modified; please apply your changes to the latest version and try again",
+            )
+        body["metadata"] = {**body["metadata"], "uid": current["metadata"]["uid"], "namespace": key[1]}
+        self._commit(key, body, "MODIFIED", current)
+        return copy.deepcopy(body)
 
     def _bind(self, key: Key, pod: dict[str, Any], binding: Mapping[str, Any]) -> dict[str, Any]:
         uid = (binding.get("metadata") or {}).get("uid")
