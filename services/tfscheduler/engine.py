@@ -409,7 +409,7 @@ class Scheduler:
         planner evicted go into their holds first. Call with the lock held."""
         owners = owners or {}
         statuses: dict[UUID, WorkloadStatus] = {}
-        if entries and self._draining():
+        if entries:  # a hold reserved a moment ago must be seen before its replacement is placed
             await self._refresh_holds()
         if self.holds:
             entries = await self._claim_holds(entries, owners, statuses)

@@ -61,6 +61,13 @@ def _require_gpu_uuid(field_name: str, value: str) -> None:
         )
 
 
+DEFRAG_SOURCE_MARKER = "tensor-fusion.ai/defrag-source"
+"""The node label (or annotation) the defrag planner sets on a node it drains; the ledger refuses new
+reservations there."""
+PLANNER_MARKER_PREFIXES = ("tensor-fusion.ai/defrag-", "tensor-fusion.ai/should-delete")
+"""Node labels and annotations the defrag planner owns: a node's re-registration keeps them."""
+
+
 @dataclass(frozen=True)
 class NodeSpec:
     """A node as its agent registers it. Upserting never changes `cordoned` (that flag has its own call)."""

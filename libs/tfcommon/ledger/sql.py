@@ -18,6 +18,7 @@ from typing import Any, cast
 from uuid import UUID
 
 import psycopg
+import sqlalchemy as sa
 from sqlalchemy import Row, and_, select, text, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.exc import DBAPIError, IntegrityError
@@ -33,6 +34,8 @@ from tfcommon.events import (
 )
 from tfcommon.ledger import tables
 from tfcommon.ledger.records import (
+    DEFRAG_SOURCE_MARKER,
+    PLANNER_MARKER_PREFIXES,
     AllocationRecord,
     GpuRecord,
     GpuSpec,
@@ -99,7 +102,9 @@ class SqlLedger:
             await connection.execute(statement)
 
     async def upsert_node(self, node: NodeSpec) -> None:
-        """Create or update the node (and its pool). `cordoned` is left as it is on an update."""
+        """Create or update the node (and its pool). `cordoned` is left as it is on an update, and so
+        are the defrag planner's markers in `labels` and `annotations` (`PLANNER_MARKER_PREFIXES`): an
+        agent that registers again must not erase a drain in progress."""
         now = self._clock()
         values = {
             "name": node.name,
@@ -113,9 +118,10 @@ class SqlLedger:
             "updated_at": now,
         }
         statement = insert(tables.node).values(**values)
-        statement = statement.on_conflict_do_update(
-            index_elements=["name"], set_={key: statement.excluded[key] for key in values if key != "name"}
-        )
+        updates: dict[str, Any] = {key: statement.excluded[key] for key in values if key != "name"}
+        for column in ("labels", "annotations"):
+            updates[column] = statement.excluded[column].op("||")(_planner_markers(tables.node.c[column]))
+        statement = statement.on_conflict_do_update(index_elements=["name"], set_=updates)
         async with self.engine.begin() as connection:
             await connection.execute(
                 insert(tables.pool).values(name=node.pool).on_conflict_do_nothing(index_elements=["name"])
@@ -532,9 +538,15 @@ WITH shares AS (
 fresh AS (
     SELECT NOT EXISTS (SELECT 1 FROM allocation WHERE allocation_id = CAST(:allocation_id AS uuid)) AS ok
 ),
+open_node AS (
+    SELECT NOT EXISTS (
+        SELECT 1 FROM node WHERE node.name = :node
+          AND (node.labels ? :drain_marker OR node.annotations ? :drain_marker)
+    ) AS ok
+),
 fitting AS (
     SELECT gpu.uuid FROM gpu JOIN shares s ON gpu.uuid = s.gpu_uuid
-    WHERE (SELECT ok FROM fresh)
+    WHERE (SELECT ok FROM fresh) AND (SELECT ok FROM open_node)
       AND gpu.node_name = :node AND gpu.phase = 'Running'
       AND gpu.used_tflops_milli + s.tflops_milli <= gpu.capacity_tflops_milli
       AND gpu.used_vram_bytes + s.vram_bytes <= gpu.capacity_vram_bytes
@@ -596,7 +608,9 @@ SELECT (SELECT ok FROM fresh) AS fresh,
 """One reservation in one round trip: lock the chosen GPUs in UUID order (a fixed order, so multi-GPU
 reservations cannot deadlock each other) keeping only those with room, take capacity only when every
 share has room, then write the allocation rows, their history and the outbox event. Nothing is written
-when the allocation id exists already or a share lacks room."""
+when the allocation id exists already, a share lacks room, or the node is being drained by the defrag
+planner (its `tensor-fusion.ai/defrag-source` marker: no scheduler may place there, however stale its
+view)."""
 
 
 _RESERVE_QUERY = re.sub(r"(?<![:\w]):(\w+)", r"%(\1)s", _RESERVE_STATEMENT.text)
@@ -644,6 +658,16 @@ async def _reserve_pipelined(
     return results
 
 
+def _planner_markers(column: Any) -> Any:
+    """The entries of a node's JSONB `column` the defrag planner owns, as a JSONB object (maybe empty)."""
+    entry = sa.func.jsonb_each(column).table_valued("key", "value").render_derived()
+    owned = sa.or_(*(entry.c.key.startswith(prefix) for prefix in PLANNER_MARKER_PREFIXES))
+    aggregated = (
+        sa.select(sa.func.jsonb_object_agg(entry.c.key, entry.c.value)).where(owned).scalar_subquery()
+    )
+    return sa.func.coalesce(aggregated, sa.text("'{}'::jsonb"))
+
+
 def _reservation_parameters(
     request: ReservationRequest, now: datetime, commit: bool
 ) -> tuple[AllocationRecord, dict[str, Any]]:
@@ -667,6 +691,7 @@ def _reservation_parameters(
             ]
         ),
         "share_count": len(shares),
+        "drain_marker": DEFRAG_SOURCE_MARKER,
         "allocation_id": request.allocation_id,
         "node": request.node,
         "now": now,
@@ -715,6 +740,17 @@ async def _unreserved_result(connection: AsyncConnection, request: ReservationRe
     existing = await _load_allocation(connection, request.allocation_id)
     if existing is not None:
         return Reserved(allocation=existing, replayed=True)
+    node = (
+        await connection.execute(
+            select(tables.node.c.labels, tables.node.c.annotations).where(tables.node.c.name == request.node)
+        )
+    ).first()
+    if node is not None and (DEFRAG_SOURCE_MARKER in node.labels or DEFRAG_SOURCE_MARKER in node.annotations):
+        return ReservationRejected(
+            field="node",
+            message=f"node {request.node!r} is being drained by the defrag planner ({DEFRAG_SOURCE_MARKER}); "
+            "pick another node",
+        )
     ordered = sorted(request.shares, key=lambda share: share.gpu_uuid)
     rows = {
         row.uuid: row

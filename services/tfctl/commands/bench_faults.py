@@ -44,6 +44,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--json", action="store_true", help="print the report as one JSON document")
     parser.set_defaults(handler=handler)
     bench.RUNNERS["faults"] = _bench_all_defaults
+    bench.SIZES["faults"] = {"duration_s": BENCH_ALL_DURATION_S, "seed": DEFAULT_SEED}
 
 
 def _bench_all_defaults() -> dict[str, Any]:

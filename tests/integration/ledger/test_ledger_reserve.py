@@ -6,6 +6,7 @@ import asyncio
 from collections import defaultdict
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
+from datetime import UTC, datetime
 
 import pytest
 from sqlalchemy import select
@@ -14,12 +15,15 @@ from tfcommon.ledger import tables
 from tfcommon.ledger.records import (
     HistoryRecord,
     InsufficientCapacity,
+    NodeSpec,
     ReservationRejected,
     ReservationResult,
     Reserved,
 )
 from tfcommon.ledger.sql import SqlLedger
 from tfcommon.ledger.testing import GIB, a_node_with_gpus, a_reservation
+from tfdefrag.core.markers import clear_source_markers, source_markers
+from tfdefrag.store import CampaignStore
 
 pytestmark = pytest.mark.integration
 
@@ -253,3 +257,32 @@ async def test_racing_batches_over_the_same_gpus_in_opposite_orders_never_over_a
         assert stored is not None
         assert stored.used_tflops_milli == reserved_per_gpu[gpu] * 10_000
         assert stored.used_vram_bytes == reserved_per_gpu[gpu] * 8 * GIB
+
+
+async def test_a_node_the_defrag_planner_drains_takes_no_new_reservation_even_after_it_registers_again(
+    ledger: SqlLedger,
+) -> None:
+    node, (gpu,) = await a_node_with_gpus(ledger)
+    planner = CampaignStore(ledger.engine)
+    await planner.set_ledger_node_markers(node, *source_markers("default", datetime.now(UTC)))
+    [registered] = [known for known in await ledger.list_nodes() if known.name == node]
+    await ledger.upsert_node(
+        NodeSpec(name=node, pool=registered.pool, labels={"zone": "b"}, annotations={"agent": "v2"})
+    )
+
+    refused = await ledger.reserve(a_reservation(node, {gpu: (1, 1)}))
+
+    assert refused == ReservationRejected(
+        field="node",
+        message=f"node {node!r} is being drained by the defrag planner (tensor-fusion.ai/defrag-source); "
+        "pick another node",
+    )
+    [node_row] = [known for known in await ledger.list_nodes() if known.name == node]
+    assert node_row.labels == {"zone": "b", "tensor-fusion.ai/defrag-source": "true"}
+    assert set(node_row.annotations) == {
+        "agent",
+        "tensor-fusion.ai/defrag-source-since",
+        "tensor-fusion.ai/defrag-source-pool",
+    }
+    await planner.set_ledger_node_markers(node, *clear_source_markers())
+    assert isinstance(await ledger.reserve(a_reservation(node, {gpu: (1, 1)})), Reserved)

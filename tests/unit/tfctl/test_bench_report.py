@@ -1,0 +1,115 @@
+"""The generated benchmark table: headline figures with their in-run baselines, spliced into the page
+between its markers without touching the hand-written analysis around it."""
+
+from __future__ import annotations
+
+import pytest
+from tfctl.bench_report import BEGIN_MARKER, END_MARKER, MarkerError, figures_of, render_markdown, splice
+
+LEDGER_RESULT = {
+    "concurrency": 16,
+    "batch": 50,
+    "modes": {
+        "one_at_a_time": {"reservations_per_second": 400.0, "baseline_inserts_per_second": 500.0},
+        "batched": {"reservations_per_second": 3000.0, "baseline_inserts_per_second": 6000.0},
+    },
+}
+OUTBOX_RESULT = {
+    "batch_size": 100,
+    "relay": {"events_per_second": 2100.0},
+    "bare_publish": {"events_per_second": 4200.0},
+}
+DEFRAG_RESULT = {
+    "nodes_freed": 40,
+    "bound_nodes_freed": 42,
+    "moves": 122,
+    "bound_pods_moved": 122,
+    "stranded_pods": 0,
+    "pdb_violations": 0,
+}
+
+
+def a_document() -> dict[str, object]:
+    return {
+        "machine": {
+            "cpu_model": "AMD EPYC",
+            "cores": 2,
+            "memory_gib": 23.5,
+            "python": "3.11.7",
+            "load_average_at_start": [1.5, 2.25, 3.0],
+        },
+        "command": "tfctl bench all --json",
+        "started_at": "2026-12-02T22:00:00+00:00",
+        "seconds": 351.4,
+        "targets": {
+            "ledger": {
+                "seconds": 20.5,
+                "sizes": {"reservations": 1000, "concurrency": 16, "batch": 50},
+                "figures": figures_of("ledger", LEDGER_RESULT),
+            },
+            "defrag": {
+                "seconds": 15.2,
+                "sizes": {"trace": "default", "fill": 0.9},
+                "figures": figures_of("defrag", DEFRAG_RESULT),
+            },
+        },
+    }
+
+
+def test_speed_figures_carry_their_baseline_and_the_ratio() -> None:
+    reserve, batched = figures_of("ledger", LEDGER_RESULT)
+    (relay,) = figures_of("outbox", OUTBOX_RESULT)
+
+    assert reserve == {
+        "name": "reserve(), one at a time",
+        "value": 400.0,
+        "unit": "reservations/s",
+        "baseline": "bare INSERT ... RETURNING, same shape",
+        "baseline_value": 500.0,
+        "ratio": 0.8,
+    }
+    assert batched["name"] == "reserve_many(), batches of 50"
+    assert batched["ratio"] == 0.5
+    assert relay["ratio"] == 0.5
+    assert relay["unit"] == "events/s"
+
+
+def test_the_table_states_the_machine_once_and_one_row_per_figure() -> None:
+    table = render_markdown(a_document())
+
+    assert table.splitlines()[0].startswith(
+        "Measured by `tfctl bench all --json` on AMD EPYC, 2 cores, 23.5 GiB memory, Python 3.11.7, "
+        "2026-12-02; 351 s in all."
+    )
+    assert table.count("AMD EPYC") == 1
+    assert "Load average at the start: 1.5 / 2.25 / 3.0." in table.splitlines()[1]
+    assert (
+        "| ledger | reserve(), one at a time | 400.0 reservations/s | 500.0 reservations/s "
+        "(bare INSERT ... RETURNING, same shape) | 0.8 |" in table
+    )
+    assert (
+        "| ledger | reserve_many(), batches of 50 | 3,000.0 reservations/s | 6,000.0 reservations/s" in table
+    )
+    assert "| defrag | nodes freed | 40 nodes | 42 nodes (CP-SAT bound) | 0.952 |" in table
+    assert "| defrag | stranded pods | 0 pods | - | - |" in table
+    assert "| ledger | reservations 1000, concurrency 16, batch 50 | 20.5 |" in table
+    assert "| defrag | trace default, fill 0.9 | 15.2 |" in table
+
+
+def test_splice_replaces_only_the_generated_part() -> None:
+    page = f"# Benchmarks\n\nIntro.\n\n{BEGIN_MARKER}\nold table\n{END_MARKER}\n\n## Analysis\n\nKept.\n"
+
+    once = splice(page, "new table\n")
+    twice = splice(once, "newer table\n")
+
+    assert (
+        once == f"# Benchmarks\n\nIntro.\n\n{BEGIN_MARKER}\nnew table\n{END_MARKER}\n\n## Analysis\n\nKept.\n"
+    )
+    assert twice == once.replace("new table", "newer table")
+
+
+def test_a_page_without_markers_is_refused_with_the_markers_to_add() -> None:
+    with pytest.raises(MarkerError, match="bench:begin"):
+        splice("# Benchmarks\n\nno markers here\n", "table\n")
+    with pytest.raises(MarkerError):
+        splice(f"{END_MARKER}\n{BEGIN_MARKER}\n", "table\n")
