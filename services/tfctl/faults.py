@@ -694,7 +694,7 @@ async def _stream_message_ids(js: Any, subject: str) -> list[str]:
         while True:
             try:
                 batch = await subscription.fetch(batch=500, timeout=1.0)
-            except nats.errors.TimeoutError:
+            except TimeoutError:  # nats.errors.TimeoutError, or asyncio's when the deadline ran out first
                 return message_ids
             for message in batch:
                 message_ids.append((message.headers or {}).get("Nats-Msg-Id", ""))

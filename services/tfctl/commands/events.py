@@ -190,7 +190,7 @@ async def tail(
         while count is None or printed < count:
             try:
                 msg = await subscription.next_msg(timeout=1.0)
-            except nats.errors.TimeoutError:
+            except TimeoutError:
                 continue
             print(format_line(msg.subject, dict(msg.headers or {}), msg.data, as_json=as_json), file=out)
             out.flush()
