@@ -136,6 +136,14 @@ class DefragSettings(ServiceSettings):
     replacement_timeout_s: float = Field(
         default=300.0, gt=0, description="seconds to wait for an evicted pod's replacement to be placed"
     )
+    defrag_scheduler_url: str = Field(
+        default="http://127.0.0.1:8080",
+        description="local mode: the scheduler API the planner lists workloads from and evicts through",
+    )
+    defrag_pdb_file: Path | None = Field(
+        default=None,
+        description="local mode: YAML file of PodDisruptionBudget manifests matched against workload labels",
+    )
 
 
 class GpuModelOverride(BaseModel):
@@ -174,6 +182,13 @@ class AgentSettings(ServiceSettings):
         default=(),
         description='extra or corrected GPU models as JSON, e.g. [{"name": "X9", "fp16_tflops_milli": '
         '500000, "nvml_names": ["NVIDIA X9"]}] (TF_GPU_MODELS)',
+    )
+    agent_kubernetes: bool = Field(
+        default=False,
+        description="write this node's GPUNode and GPU objects and their status to the Kubernetes API",
+    )
+    agent_kubeconfig: Path | None = Field(
+        default=None, description="kubeconfig file outside a cluster; in a pod its service account is used"
     )
 
 

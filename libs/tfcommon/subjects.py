@@ -164,6 +164,14 @@ SCHEDULER_TRACK_NODES = ConsumerSpec(
     backoff_s=(1.0, 5.0),
     service="scheduler",
 )
+SCHEDULER_TRACK_ALLOCATIONS = ConsumerSpec(
+    stream=EVENTS_STREAM,
+    durable="scheduler-track-allocations",
+    filter_subjects=(ALLOCATION_RELEASED,),
+    description="frees in the scheduler's view what other processes release in the ledger",
+    deliver_policy="new",
+    service="scheduler",
+)
 METRICS_RECORD_USAGE = ConsumerSpec(
     stream=EVENTS_STREAM,
     durable="metrics-record-usage",
@@ -199,6 +207,7 @@ DEFRAG_START_CAMPAIGN = ConsumerSpec(
 CONSUMERS: tuple[ConsumerSpec, ...] = (
     SCHEDULER_SCHEDULE_WORKLOAD,
     SCHEDULER_TRACK_NODES,
+    SCHEDULER_TRACK_ALLOCATIONS,
     METRICS_RECORD_USAGE,
     METRICS_COUNT_EVENTS,
     DEFRAG_START_CAMPAIGN,

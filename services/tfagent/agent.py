@@ -79,7 +79,9 @@ class NodeAgent:
         timers: AgentTimers | None = None,
         agent_url: str | None = None,
         clock: Callable[[], datetime] = utc_now,
+        on_inventory: Callable[[NodeInventory], None] | None = None,
     ) -> None:
+        """`on_inventory` is called with the inventory after every discovery round (start, rediscovery)."""
         self.node = node
         self.pool = pool
         self.timers = timers or AgentTimers()
@@ -92,6 +94,7 @@ class NodeAgent:
         self._allocations: dict[UUID, WorkerAllocation] = {}
         self._reported_drift: set[tuple[str, str, str]] = set()
         self._discovery_lock = asyncio.Lock()
+        self._on_inventory = on_inventory
         self.last_sampled: Sampled | None = None
 
     @property
@@ -257,6 +260,8 @@ class NodeAgent:
             allocated = {uuid for allocation in self._allocations.values() for uuid in allocation.gpu_uuids}
             change = merge_rediscovery(self._inventory, discovered, allocated, self._clock())
             self._inventory = change.inventory
+            if self._on_inventory is not None:
+                self._on_inventory(change.inventory)
             return change
 
     def _discovered(self, gpu: GpuDevice) -> GpuDiscovered:

@@ -9,8 +9,10 @@ from __future__ import annotations
 import logging
 import socket
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 
+from kubernetes.config import ConfigException
 from sqlalchemy.exc import DBAPIError
 from tfcommon import subjects
 from tfcommon.cluster.kubernetes import KubernetesCluster
@@ -39,6 +41,7 @@ from tfagent.core.deviceplugin import LimiterLibrary
 from tfagent.core.inventory import ModelCatalog
 from tfagent.core.usage import WorkerAllocation, WorkerShare
 from tfagent.deviceplugin.server import DevicePlugins, serve_device_plugins
+from tfagent.kubernetes_status import KubernetesStatus
 from tfagent.ports import GpuProbe, ProcessOwners
 from tfagent.workers import WorkerRunner, build_workers_router
 
@@ -78,6 +81,7 @@ async def compose(context: ServiceContext[AgentSettings]) -> Components:
     except (FakeGpuSpecError, NvmlUnavailableError) as error:
         raise StartupError(str(error)) from error
     context.cleanup.callback(probe.close)
+    custom_resources = kubernetes_status(context, node) if settings.agent_kubernetes else None
     agent = NodeAgent(
         node=node,
         pool=settings.pool,
@@ -90,6 +94,7 @@ async def compose(context: ServiceContext[AgentSettings]) -> Components:
             discovery_interval_s=settings.discovery_interval_s,
         ),
         agent_url=f"http://{node}:{settings.port}",
+        on_inventory=None if custom_resources is None else custom_resources.notify,
     )
     agent_holder.append(agent)
     try:
@@ -142,6 +147,8 @@ async def compose(context: ServiceContext[AgentSettings]) -> Components:
         "track-allocations": track_allocations,
         "run-commands": run_commands,
     }
+    if custom_resources is not None:
+        tasks["kubernetes-status"] = partial(custom_resources.run, context.stopping)
     if settings.device_plugin_dir is not None:
         tasks["device-plugins"] = device_plugin_task(context, node, agent, settings.device_plugin_dir)
     routers = [
@@ -188,6 +195,24 @@ def worker_runner(
         on_started=None if registry is None else registry.register_pid,
         on_ended=None if registry is None else registry.forget_pid,
     )
+
+
+def kubernetes_status(context: ServiceContext[AgentSettings], node: str) -> KubernetesStatus:
+    """This node's GPUNode and GPU objects in the Kubernetes API (`TF_AGENT_KUBERNETES=true`)."""
+    settings = context.settings
+    try:
+        cluster = KubernetesCluster.from_environment(kubeconfig=_path(settings.agent_kubeconfig))
+    except (ConfigException, OSError) as error:
+        raise StartupError(
+            f"TF_AGENT_KUBERNETES=true but no Kubernetes API is configured ({error}); run in a pod with a "
+            "service account, set TF_AGENT_KUBECONFIG, or set TF_AGENT_KUBERNETES=false"
+        ) from error
+    context.cleanup.callback(cluster.close)
+    return KubernetesStatus(cluster, node=node, pool=settings.pool)
+
+
+def _path(path: Path | None) -> str | None:
+    return None if path is None else str(path)
 
 
 def device_plugin_task(

@@ -8,8 +8,10 @@ adapters to the same behaviour.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 from uuid import UUID
+
+from tfcommon.cluster import CustomObject, CustomResource, PatchResult
 
 from tfagent.core.inventory import NodeInventory
 from tfagent.core.usage import ProcessSample, UsageSample, WorkerAllocation
@@ -53,3 +55,48 @@ class CheckpointBackend(Protocol):
     async def snapshot(self, allocation: WorkerAllocation) -> Mapping[str, object]: ...
 
     async def resume(self, allocation: WorkerAllocation) -> Mapping[str, object]: ...
+
+
+class CustomResourceWriter(Protocol):
+    """The part of the `Cluster` port (`tfcommon.cluster`) the agent writes its GPUNode and GPU objects with.
+
+    `KubernetesCluster` and `InMemoryCluster` provide it; the agent calls nothing else on the API server,
+    which is what the node agent's RBAC rules grant (`tfcommon.cluster.rbac`).
+    """
+
+    async def get_custom_object(
+        self, kind: CustomResource, name: str, *, namespace: str | None = None
+    ) -> CustomObject | None: ...
+
+    async def create_custom_object(
+        self,
+        kind: CustomResource,
+        name: str,
+        *,
+        namespace: str | None = None,
+        labels: Mapping[str, str] | None = None,
+        spec: Mapping[str, Any] | None = None,
+        owner: CustomObject | None = None,
+    ) -> PatchResult: ...
+
+    async def patch_custom_metadata(
+        self,
+        kind: CustomResource,
+        name: str,
+        *,
+        namespace: str | None = None,
+        labels: Mapping[str, str | None] | None = None,
+        annotations: Mapping[str, str | None] | None = None,
+        owner: CustomObject | None = None,
+        resource_version: str | None = None,
+    ) -> PatchResult: ...
+
+    async def patch_custom_status(
+        self,
+        kind: CustomResource,
+        name: str,
+        status: Mapping[str, Any],
+        *,
+        namespace: str | None = None,
+        resource_version: str | None = None,
+    ) -> PatchResult: ...

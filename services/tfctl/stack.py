@@ -2,7 +2,8 @@
 
 Order of start: embedded NATS and Postgres (only when `TF_NATS_URL` / `TF_DATABASE_URL` are unset),
 `alembic upgrade head`, then every service as a `tfctl serve` child process (in parallel, each in its
-own process group, output to `<state dir>/logs/<name>.log`), then wait for every `/readyz`.
+own process group, output to `<state dir>/logs/<name>.log`), then wait for every `/readyz`. Every child
+inherits the environment (`TF_API_TOKEN` included); the defrag planner also gets the scheduler's URL.
 Order of stop (Ctrl-C, SIGTERM, or a child that exits on its own): SIGTERM to each service's process
 group so it drains, SIGKILL to whatever is left after a timeout, then NATS, then Postgres. A child that
 exits while the stack runs is reported (name, exit code, last log lines) and makes `tfctl up` exit 1.
@@ -86,6 +87,7 @@ class Child:
     argv: list[str]
     log_path: Path
     node: str | None = None
+    environment: dict[str, str] = field(default_factory=dict)
     process: asyncio.subprocess.Process | None = field(default=None, repr=False)
     exited: asyncio.Task[int] | None = field(default=None, repr=False)
 
@@ -120,6 +122,10 @@ def plan_children(options: StackOptions) -> list[Child]:
         node = f"sim-node-{index}"
         port = free_port(options.host) if options.auto_ports else FIRST_AGENT_PORT + index - 1
         add(f"node-agent-{node}", "node-agent", port, "--node-name", node, "--fake-gpus", gpus, node=node)
+    scheduler_url = next(child.url for child in children if child.service == "scheduler")
+    for child in children:
+        if child.service == "defrag-planner":  # local mode: it lists and evicts workloads there
+            child.environment["TF_DEFRAG_SCHEDULER_URL"] = scheduler_url
     return children
 
 
@@ -250,7 +256,12 @@ class Stack:
 
     async def _spawn(self, child: Child) -> None:
         child.log_path.parent.mkdir(parents=True, exist_ok=True)
-        environment = {**os.environ, "TF_NATS_URL": self.nats_url, "TF_DATABASE_URL": self.database_url}
+        environment = {
+            **os.environ,
+            "TF_NATS_URL": self.nats_url,
+            "TF_DATABASE_URL": self.database_url,
+            **child.environment,
+        }
         with child.log_path.open("wb") as log:
             child.process = await asyncio.create_subprocess_exec(
                 *child.argv,

@@ -2,7 +2,8 @@
 
 Only wiring lives here: `compose` plugs the plan API, the start-campaign consumer and the tick loop into
 the shared runtime (`tfcommon.runtime`); decisions live in `tfdefrag.core`. Nothing is built at import time.
-The cluster is the Kubernetes API server when running in a pod (or with `$KUBECONFIG`), else a local one.
+The cluster is the Kubernetes API server when running in a pod (or with `$KUBECONFIG`); otherwise (local
+mode) the scheduler's HTTP API, which holds the workloads and evicts them (`SchedulerApiCluster`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from datetime import UTC, datetime, timedelta
 
 from tfcommon import subjects
 from tfcommon.cluster import Cluster
+from tfcommon.cluster.scheduler_api import SchedulerApiCluster
 from tfcommon.config import ConfigSource
 from tfcommon.consumer import run_pull_consumer
 from tfcommon.runtime import Components, ServiceContext, ServiceSpec, run_service
@@ -26,14 +28,16 @@ from tfdefrag.store import CampaignStore
 SERVICE = "defrag-planner"
 
 
-def default_cluster() -> Cluster:
+def default_cluster(settings: DefragSettings) -> Cluster:
     if os.environ.get("KUBERNETES_SERVICE_HOST") or os.environ.get("KUBECONFIG"):
         from tfcommon.cluster.kubernetes import KubernetesCluster
 
         return KubernetesCluster.from_environment()
-    from tfcommon.cluster.local import LocalCluster
-
-    return LocalCluster()
+    return SchedulerApiCluster(
+        settings.defrag_scheduler_url,
+        api_token=settings.api_token.get_secret_value() if settings.api_token else None,
+        pdb_file=settings.defrag_pdb_file,
+    )
 
 
 def utc_now() -> datetime:
@@ -41,12 +45,15 @@ def utc_now() -> datetime:
 
 
 def make_compose(
-    cluster_factory: Callable[[], Cluster] = default_cluster,
+    cluster_factory: Callable[[], Cluster] | None = None,
 ) -> Callable[[ServiceContext[DefragSettings]], Awaitable[Components]]:
     async def compose(context: ServiceContext[DefragSettings]) -> Components:
         settings = context.settings
+        cluster = cluster_factory() if cluster_factory is not None else default_cluster(settings)
+        if isinstance(cluster, SchedulerApiCluster):
+            context.cleanup.push_async_callback(cluster.aclose)
         deps = CampaignDeps(
-            cluster=cluster_factory(),
+            cluster=cluster,
             ledger=context.ledger,
             store=CampaignStore(context.ledger.engine),
             publish=context.bus.publish,

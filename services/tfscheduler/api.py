@@ -1,20 +1,26 @@
-"""The scheduler's HTTP API (`/api/v1`): reads of pools, nodes, GPUs and allocations; submitting,
-deleting and simulating workloads. Mutating endpoints need `Authorization: Bearer <TF_API_TOKEN>`;
-with no token configured they are refused. Thin: every decision is the `Scheduler`'s.
+"""The scheduler's HTTP API (`/api/v1`): reads of pools, nodes, GPUs, allocations and workloads;
+submitting, evicting (the local Eviction API), deleting and simulating workloads. Mutating endpoints
+need `Authorization: Bearer <TF_API_TOKEN>`; with no token configured they are refused.
+Thin: every decision is the `Scheduler`'s.
 """
 
 from __future__ import annotations
 
 import hmac
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 from uuid import UUID, uuid4
 
-from fastapi import APIRouter, Depends, Header, HTTPException, Response
-from pydantic import SecretStr
+from fastapi import APIRouter, Depends, Header, HTTPException, Query, Response
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from tfcommon.ledger.records import AllocationRecord
 from tfcommon.placement import PlacementRequestError
 
 from tfscheduler.engine import Scheduler, placement_mode
 from tfscheduler.submission import Submission, WorkloadStatus
+from tfscheduler.workloads import StoredWorkload
+
+GPU_MODEL_ANNOTATION = "tensor-fusion.ai/gpu-model"
+GPU_IDS_ANNOTATION = "tensor-fusion.ai/gpu-ids"
 
 REFUSED_OR_INVALID: dict[int | str, dict[str, Any]] = {
     422: {
@@ -92,6 +98,8 @@ def build_router(scheduler: Scheduler, api_token: SecretStr | None) -> APIRouter
                 "reason": scheduler.blocked.get(node.name),
                 "cordoned": node.cordoned,
                 "last_heartbeat_at": node.last_heartbeat_at,
+                "labels": node.labels,
+                "annotations": node.annotations,
                 "gpus": sum(1 for gpu in gpus if gpu.node == node.name),
                 **_totals([gpu for gpu in gpus if gpu.node == node.name]),
             }
@@ -168,6 +176,25 @@ def build_router(scheduler: Scheduler, api_token: SecretStr | None) -> APIRouter
             response.status_code = 202
         return status
 
+    @router.get("/workloads")
+    async def workloads(
+        state: Annotated[
+            Literal["placed", "pending"] | None,
+            Query(description="only placed or only pending workloads; both if unset"),
+        ] = None,
+    ) -> list[dict[str, Any]]:
+        """Live workloads as pods: what the defrag planner's local cluster lists."""
+        listed: list[dict[str, Any]] = []
+        if state in (None, "placed"):
+            records = {r.allocation_id: r for r in await scheduler.ledger.active_allocations()}
+            stored = await scheduler.store.by_ids(list(records))
+            for allocation_id, workload in stored.items():
+                if workload.state == "placed":
+                    listed.append(_listing(workload, records[allocation_id]))
+        if state in (None, "pending"):
+            listed += [_listing(workload, None) for workload in await scheduler.store.pending()]
+        return sorted(listed, key=lambda item: (item["namespace"], item["name"], item["submitted_at"]))
+
     @router.get("/workloads/{workload_id}")
     async def get_workload(workload_id: UUID) -> WorkloadStatus:
         status = await scheduler.status(workload_id)
@@ -186,6 +213,24 @@ def build_router(scheduler: Scheduler, api_token: SecretStr | None) -> APIRouter
         released = await scheduler.release(workload_id, "workload-deleted")
         return {"id": str(workload_id), "released": released}
 
+    @router.post("/workloads/{workload_id}/eviction", dependencies=authorized)
+    async def evict(workload_id: UUID, eviction: Eviction | None = None) -> dict[str, Any]:
+        eviction = eviction or Eviction()
+        status = await scheduler.status(workload_id)
+        if status is None:
+            raise HTTPException(
+                404, f"no workload with id {workload_id}; ids come from GET /api/v1/workloads"
+            )
+        replacement = await scheduler.evict(
+            workload_id, eviction.reason, by=eviction.by, announce=eviction.announce
+        )
+        if replacement is None:
+            raise HTTPException(
+                409,
+                f"workload {workload_id} is {status.state}, not placed; only a placed workload is evicted",
+            )
+        return {"id": str(workload_id), "evicted": True, "replacement": replacement.model_dump(mode="json")}
+
     @router.post("/simulate-schedule", responses=REFUSED_OR_INVALID)
     async def simulate(submission: Submission) -> dict[str, Any]:
         try:
@@ -194,6 +239,43 @@ def build_router(scheduler: Scheduler, api_token: SecretStr | None) -> APIRouter
             raise HTTPException(422, str(error)) from error
 
     return router
+
+
+class Eviction(BaseModel):
+    """`POST /api/v1/workloads/{id}/eviction`: why, and who announces it (`tf.evt.pod.evicted`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    reason: str = Field(default="evicted through the scheduler API", min_length=1, max_length=1024)
+    by: Literal["defrag", "preemption", "drain"] = Field(default="drain", description="what evicts it")
+    announce: bool = Field(
+        default=True, description="publish tf.evt.pod.evicted; false when the caller announces it itself"
+    )
+
+
+def _listing(workload: StoredWorkload, record: AllocationRecord | None) -> dict[str, Any]:
+    submission = workload.submission
+    annotations = {GPU_MODEL_ANNOTATION: submission.request.gpu_model} if submission.request.gpu_model else {}
+    if record is not None:
+        annotations[GPU_IDS_ANNOTATION] = ",".join(share.gpu_uuid for share in record.shares)
+    return {
+        "id": str(workload.allocation_id),
+        "namespace": submission.workload.namespace,
+        "name": submission.workload.name,
+        "uid": submission.workload.uid,
+        "owner": submission.workload.workload,
+        "state": workload.state,
+        "pool": submission.request.pool,
+        "node": record.node if record is not None else None,
+        "gpu_uuids": [share.gpu_uuid for share in record.shares] if record is not None else [],
+        "labels": submission.labels,
+        "annotations": annotations,
+        "node_selector": submission.node_selector,
+        "tolerations": list(submission.tolerations),
+        "submitted_at": workload.submitted_at,
+        "placed_at": record.created_at if record is not None else None,
+        "reason": workload.reason,
+    }
 
 
 def _totals(gpus: list[Any]) -> dict[str, int]:

@@ -1,11 +1,11 @@
 """Composition root of the scheduler service (places pending GPU workloads and reserves them in the ledger).
 
 Only wiring lives here: `compose` plugs the API, the consumers (submitted workloads, node-agent
-inventory), the outbox relay and the timers into the shared runtime (`tfcommon.runtime`); decisions
-live in `tfscheduler.core` and `tfscheduler.engine`. In Kubernetes mode with leader election only the
-holder of the Lease runs the pod watch, binding, status writer, cordon sync and pending retries
-(`kubernetes_tasks`); every replica serves the API and `GET /api/v1/leader`. Nothing is built at import
-time.
+inventory, allocations released by other processes), the outbox relay and the timers into the shared
+runtime (`tfcommon.runtime`); decisions live in `tfscheduler.core` and `tfscheduler.engine`. In
+Kubernetes mode with leader election only the holder of the Lease runs the pod watch, binding, status
+writer, cordon sync and pending retries (`kubernetes_tasks`); every replica serves the API and
+`GET /api/v1/leader`. Nothing is built at import time.
 """
 
 from __future__ import annotations
@@ -23,13 +23,14 @@ from fastapi import APIRouter
 from pydantic import BaseModel, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from tfcommon import subjects
+from tfcommon.bus import NatsEventBus
 from tfcommon.cluster import Cluster
 from tfcommon.cluster.leader import ElectionTimings
 from tfcommon.cluster.leader_election import LeaderElector, default_identity, default_namespace
 from tfcommon.cluster.port import LeaseStore
 from tfcommon.config import load_config
 from tfcommon.consumer import run_pull_consumer
-from tfcommon.events import Message, WorkloadSubmitted
+from tfcommon.events import AllocationReleased, Message, WorkloadSubmitted
 from tfcommon.ledger.outbox import OutboxRelay
 from tfcommon.runtime import Components, ServiceContext, ServiceSpec, run_service
 from tfcommon.settings import SchedulerKubernetesSettings, SchedulerSettings
@@ -165,6 +166,7 @@ async def compose(context: ServiceContext[SchedulerSettings]) -> Components:
         "check-nodes": lambda: _every(options.node_check_interval_s, stop, scheduler.recheck_nodes),
         "refresh-view": lambda: _every(options.refresh_interval_s, stop, refresh),
     }
+    follow_releases = release_tasks(scheduler, context.bus)
     routers = [build_router(scheduler, context.settings.api_token)]
     if isinstance(scheduler, KubernetesScheduler):
         from tfcommon.cluster.kubernetes import KubernetesCluster
@@ -177,12 +179,42 @@ async def compose(context: ServiceContext[SchedulerSettings]) -> Components:
         if kubernetes.leader_election:
             elector = leader_elector(cluster, kubernetes)
         del tasks["retry-pending"]  # the engine's retry would reserve pods that nobody binds
-        tasks.update(kubernetes_tasks(scheduler, kubernetes, stop, cluster=cluster, elector=elector))
+        tasks.update(
+            kubernetes_tasks(
+                scheduler, kubernetes, stop, cluster=cluster, elector=elector, leader_only=follow_releases
+            )
+        )
+    if elector is None:
+        tasks.update(follow_releases(stop))
     routers.append(leader_router(elector))
     if options.run_outbox_relay:
         relay = OutboxRelay(context.ledger, context.bus)
         tasks["outbox-relay"] = lambda: relay.run(stop)
     return Components(routers=routers, tasks=tasks)
+
+
+def release_tasks(scheduler: Scheduler, bus: NatsEventBus) -> Callable[[asyncio.Event], Tasks]:
+    """The `scheduler-track-allocations` consumer, running until the given event is set: `scheduler`
+    follows the releases other processes make in the ledger (`Scheduler.released_elsewhere`)."""
+
+    async def track_allocations(message: Message) -> Sequence[Message]:
+        if isinstance(message, AllocationReleased):
+            await scheduler.released_elsewhere(message.allocation_id, message.reason)
+        return ()
+
+    def tasks(until: asyncio.Event) -> Tasks:
+        return {
+            "track-allocations": lambda: run_pull_consumer(
+                bus.js,
+                subjects.SCHEDULER_TRACK_ALLOCATIONS,
+                track_allocations,
+                bus=bus,
+                service=SERVICE,
+                stop=until,
+            )
+        }
+
+    return tasks
 
 
 def leader_elector(
@@ -207,16 +239,22 @@ def kubernetes_tasks(
     *,
     cluster: Cluster,
     elector: LeaderElector | None,
+    leader_only: Callable[[asyncio.Event], Tasks] | None = None,
 ) -> Tasks:
     """Kubernetes mode's tasks. Without `elector`: the pod watch, binding, retries, status and cordons run
     at once. With it: one `leader-election` task runs them only while this replica holds the Lease, each
-    term on a view rebuilt from the ledger (the previous leader changed it) and a fresh pod loop."""
+    term on a view rebuilt from the ledger (the previous leader changed it) and a fresh pod loop, together
+    with the `leader_only` tasks given the term's end (the release consumer: its durable is shared, and
+    a follower taking a release would keep it from the leader)."""
     if elector is None:
         return dict(wire_kubernetes(scheduler, settings, cluster=cluster).tasks(stop))
 
     async def lead(term_over: asyncio.Event) -> None:
         await scheduler.start()
-        await _run_together(wire_kubernetes(scheduler, settings, cluster=cluster).tasks(term_over))
+        term = dict(wire_kubernetes(scheduler, settings, cluster=cluster).tasks(term_over))
+        if leader_only is not None:
+            term.update(leader_only(term_over))
+        await _run_together(term)
 
     return {"leader-election": lambda: elector.run(stop, lead)}
 

@@ -1,11 +1,13 @@
-"""Writes the `GPU`, `GPUNode` and `GPUPool` status from the ledger, within a second of a change.
+"""Writes the allocation-derived status of `GPU`, `GPUNode` and `GPUPool` from the ledger, within a second.
 
 The shell around `tfscheduler.core.custom_status`: it reads the ledger (so changes by any scheduler
-replica or node agent show), writes only objects whose status changed, and creates missing `GPU`
-(named by lower-case UUID) and `GPUNode` objects; `GPUPool` objects are the operator's and are only
-patched. A `notify()` (a placement, a release) writes after a short debounce; a poll of the ledger
-catches changes made elsewhere. It decides nothing about placement and never touches spec or labels
-of existing objects, nor status fields it does not own (see `custom_status`).
+replica or node agent show) and writes only objects whose fields changed. The node agent creates the GPU
+and GPUNode objects and owns their identity and capacity (`tfagent.core.custom_resources`); this writer
+only merge-patches the fields it owns (`SCHEDULER_FIELDS`: availability, and the GPUNode phase from
+heartbeats) and the whole GPUPool status it computes. It creates nothing: an object not there yet is
+tried again shortly; `GPUPool` objects are the operator's. A `notify()` (a placement, a release) writes
+after a short debounce; a poll of the ledger catches changes made elsewhere. It decides nothing about
+placement and never touches spec, labels, or status fields it does not own.
 """
 
 from __future__ import annotations
@@ -14,15 +16,21 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Mapping
+from typing import Any
 
 from tfcommon.cluster import Applied, Cluster, ClusterError, CustomResource, NotFound
 from tfcommon.ledger.sql import SqlLedger
 
-from tfscheduler.core.custom_status import HOSTNAME_LABEL, Status, desired_status
+from tfscheduler.core.custom_status import Status, desired_status
 
 log = logging.getLogger("tfscheduler.status")
-POOL_LABEL = "tensor-fusion.ai/gpupool"
 FULL_REWRITE_S = 60.0
+ABSENT_RETRY_S = 2.0
+SCHEDULER_FIELDS: dict[CustomResource, tuple[str, ...]] = {
+    CustomResource.GPU: ("available",),
+    CustomResource.GPU_NODE: ("phase", "availableTFlops", "availableVRAM"),
+}
+"""Status fields of agent-created objects this writer owns; all of GPUPool's it computes are its own."""
 
 
 class StatusWriter:
@@ -44,6 +52,7 @@ class StatusWriter:
         self._gate = asyncio.Semaphore(concurrency)
         self._changed = asyncio.Event()
         self._written: dict[tuple[CustomResource, str], Status] = {}
+        self._absent_until: dict[tuple[CustomResource, str], float] = {}
 
     def notify(self) -> None:
         """Something changed in the ledger: write the status soon (after the debounce)."""
@@ -75,46 +84,33 @@ class StatusWriter:
         nodes = await self.ledger.list_nodes()
         gpus = await self.ledger.list_gpus()
         desired = desired_status(nodes, gpus)
-        pool_of_node = {node.name: node.pool for node in nodes}
-        pool_of_gpu = {gpu.uuid.lower(): pool_of_node.get(gpu.node, "") for gpu in gpus}
-        writes = [
-            self._write(CustomResource.GPU, name, status, _labels(pool_of_gpu.get(name), status))
-            for name, status in desired.gpus.items()
+        writes = [self._write(CustomResource.GPU, name, status) for name, status in desired.gpus.items()]
+        writes += [
+            self._write(CustomResource.GPU_NODE, name, status) for name, status in desired.nodes.items()
         ]
         writes += [
-            self._write(CustomResource.GPU_NODE, name, status, _labels(pool_of_node.get(name), None, name))
-            for name, status in desired.nodes.items()
-        ]
-        writes += [
-            self._write(CustomResource.GPU_POOL, name, status, None) for name, status in desired.pools.items()
+            self._write(CustomResource.GPU_POOL, name, status) for name, status in desired.pools.items()
         ]
         return sum(await asyncio.gather(*writes))
 
-    async def _write(
-        self, kind: CustomResource, name: str, status: Status, create_labels: Mapping[str, str] | None
-    ) -> bool:
+    async def _write(self, kind: CustomResource, name: str, computed: Status) -> bool:
         key = (kind, name)
-        if self._written.get(key) == status:
+        status = _owned(kind, computed)
+        now = asyncio.get_running_loop().time()
+        if self._written.get(key) == status or self._absent_until.get(key, now) > now:
             return False
         async with self._gate:
             result = await self.cluster.patch_custom_status(kind, name, status)
-            if isinstance(result, NotFound) and create_labels is not None:
-                await self.cluster.create_custom_object(kind, name, labels=create_labels)
-                result = await self.cluster.patch_custom_status(kind, name, status)
         if isinstance(result, Applied):
             self._written[key] = status
+            self._absent_until.pop(key, None)
             return True
-        if isinstance(result, NotFound):
-            self._written[key] = status  # a GPUPool nobody created: try again on the next full rewrite
+        if isinstance(result, NotFound):  # not created yet by the node agent, or a GPUPool nobody created
+            wait = FULL_REWRITE_S if kind is CustomResource.GPU_POOL else ABSENT_RETRY_S
+            self._absent_until[key] = now + wait
         return False
 
 
-def _labels(pool: str | None, gpu_status: Status | None, node: str | None = None) -> dict[str, str]:
-    labels: dict[str, str] = {}
-    if pool:
-        labels[POOL_LABEL] = pool
-    if gpu_status is not None:
-        node = gpu_status["nodeSelector"][HOSTNAME_LABEL]
-    if node:
-        labels[HOSTNAME_LABEL] = node
-    return labels
+def _owned(kind: CustomResource, status: Mapping[str, Any]) -> Status:
+    fields = SCHEDULER_FIELDS.get(kind)
+    return dict(status) if fields is None else {field: status[field] for field in fields if field in status}

@@ -30,6 +30,10 @@ class Submission(BaseModel):
     )
     tolerations: tuple[dict[str, str], ...] = Field(default=(), description="Kubernetes tolerations")
     node_selector: dict[str, str] = Field(default_factory=dict, description="required node labels")
+    labels: dict[str, str] = Field(
+        default_factory=dict,
+        description="the pod's metadata.labels; local disruption budgets (TF_DEFRAG_PDB_FILE) select on them",
+    )
 
     @model_validator(mode="after")
     def _fits_the_ledger(self) -> Submission:

@@ -34,6 +34,7 @@ from tfcommon.events import Message, encode
 from tfcommon.runtime import build_app, with_front_routes
 from tfcommon.tls import generate_self_signed
 
+from tfwebhook.app import freeze_startup_heap
 from tfwebhook.http import AdmissionService, build_router, front_routes
 from tfwebhook.testing import a_gpu_container, a_pod, a_review
 
@@ -101,6 +102,8 @@ def bare_app(body: bytes) -> Callable[[Scope, Receive, Send], Awaitable[None]]:
 
 def _serve(kind: str, port: int, cert: Path, key: Path, body_file: Path) -> None:
     app: Any = webhook_app() if kind == "webhook" else bare_app(body_file.read_bytes())
+    if kind == "webhook":
+        freeze_startup_heap()  # as the service's composition does
     uvicorn.run(
         app,
         host="127.0.0.1",

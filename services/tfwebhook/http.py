@@ -98,16 +98,17 @@ class VerdictCache:
         self._config: TfConfig | None = None
         self._recommendations: Mapping[str, Recommendation] = _NO_RECOMMENDATIONS
         self._entries: dict[tuple[bytes, str, frozenset[tuple[str, str]] | None], Verdict] = {}
+        self._indexed: dict[tuple[int, int], tuple[Admitted, Admitted]] = {}
 
     def decide(self, pod: Mapping[str, object], context: AdmissionContext) -> Verdict:
         if self.size <= 0:
             return admit(pod, context)
         if context.config is not self._config:
-            self._entries.clear()
+            self._clear()
             self._config = context.config
         if context.recommendations is not self._recommendations:
             if context.recommendations != self._recommendations:
-                self._entries.clear()
+                self._clear()
             self._recommendations = context.recommendations
         labels = context.namespace_labels
         key = (
@@ -124,6 +125,25 @@ class VerdictCache:
                 del self._entries[next(iter(self._entries))]
             self._entries[key] = verdict
         return verdict
+
+    def _clear(self) -> None:
+        self._entries.clear()
+        self._indexed.clear()
+
+    def with_pod_index(self, verdict: Admitted, pod_index: int) -> Admitted:
+        """`assign_pod_index(verdict, pod_index)`, memoized with its encoded patch for cached verdicts
+        (a rollout's replicas cycle through the same 128 indexes)."""
+        if self.size <= 0 or verdict.awaiting_pod_index is None or verdict.takeover is not None:
+            return assign_pod_index(verdict, pod_index)
+        key = (id(verdict), pod_index)
+        known = self._indexed.get(key)
+        if known is not None and known[0] is verdict:
+            return known[1]
+        completed = assign_pod_index(verdict, pod_index)
+        if len(self._indexed) >= self.size:
+            del self._indexed[next(iter(self._indexed))]
+        self._indexed[key] = (verdict, completed)  # holding `verdict` keeps its id from being reused
+        return completed
 
 
 @dataclass
@@ -200,7 +220,7 @@ class AdmissionService:
                 )
         if verdict.awaiting_pod_index is not None:
             index = await (self.pod_indices.preview() if request.dry_run else self.pod_indices.take())
-            verdict = assign_pod_index(verdict, index)
+            verdict = self._verdicts.with_pod_index(verdict, index)
         if not request.dry_run and verdict.is_gpu_pod:
             self._publish(request.uid, verdict)
         return verdict
@@ -230,9 +250,14 @@ class AdmissionService:
         while self._outbox:
             batch = [self._outbox.popleft() for _ in range(min(PUBLISH_BATCH, len(self._outbox)))]
             try:
-                results = await asyncio.gather(
-                    *(bus.publish(_pod_admitted(*queued)) for queued in batch), return_exceptions=True
-                )
+                if len(batch) == 1:  # no task for a lone event: the common case under light load
+                    results: list[BaseException | None] = [
+                        await _settled(bus.publish(_pod_admitted(*batch[0])))
+                    ]
+                else:
+                    results = await asyncio.gather(
+                        *(bus.publish(_pod_admitted(*queued)) for queued in batch), return_exceptions=True
+                    )
             except asyncio.CancelledError:
                 self._outbox.extendleft(reversed(batch))  # some may be stored: JetStream dedups them
                 raise
@@ -277,6 +302,15 @@ class AdmissionService:
                 len(self._outbox),
                 extra={"event": "webhook.publish_lost"},
             )
+
+
+async def _settled(publishing: Awaitable[None]) -> BaseException | None:
+    """What `asyncio.gather(..., return_exceptions=True)` gives for one publish, without a task."""
+    try:
+        await publishing
+    except Exception as error:
+        return error
+    return None
 
 
 def _has_namespace_selector(config: TfConfig) -> bool:

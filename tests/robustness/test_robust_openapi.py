@@ -30,6 +30,7 @@ MUTATING = {
     "scheduler": [
         ("POST", "/api/v1/workloads"),
         ("DELETE", "/api/v1/workloads/00000000-0000-4000-8000-000000000001"),
+        ("POST", "/api/v1/workloads/00000000-0000-4000-8000-000000000001/eviction"),
     ],
     "node-agent": [
         ("POST", "/api/v1/devices/discover"),

@@ -14,7 +14,7 @@ from decimal import Decimal
 from pathlib import Path
 
 import pytest
-from k8s_scheduler_support import eventually_async, register_gpus
+from k8s_scheduler_support import eventually_async, register_gpus, write_agent_objects
 from scenario_kube import (
     DEVICE_PLUGIN_NODE,
     ENABLED,
@@ -67,6 +67,8 @@ def a_webhook(stack: KubeStack, config: ConfigSource) -> AdmissionService:
 async def gpus(kube: KubeStack) -> list[str]:
     """Two GPU nodes of the default pool, four H100 each (100 TFLOPS, 80Gi), registered by their agents."""
     uuids = [uuid for node in GPU_NODES for uuid in await register_gpus(kube.ledger, node, 4)]
+    for node in GPU_NODES:
+        await write_agent_objects(kube.kubectl, kube.ledger, node)
     await kube.scheduler.scheduler.start()
     return [uuid.lower() for uuid in uuids]
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from k8s_scheduler_support import eventually_async, register_gpus
+from k8s_scheduler_support import eventually_async, register_gpus, write_agent_objects
 from scenario_kube import (
     ENABLED,
     NATIVE_GPU,
@@ -132,6 +132,7 @@ async def night(kube: KubeStack) -> Night:
     solo-1: one pod without a PodDisruptionBudget. All pods have run for longer than maxDuration."""
     for name in NODES:
         await register_gpus(kube.ledger, name, 4)
+        await write_agent_objects(kube.kubectl, kube.ledger, name)
         kube.state.put(NODE_RESOURCE, node_manifest(name))
         await kube.scheduler.scheduler.node_changed(name)
     webhook = AdmissionService(
@@ -158,7 +159,7 @@ async def night(kube: KubeStack) -> Night:
     async def gpu_node_listed() -> bool:
         return await kube.kubectl.get_custom_object(CustomResource.GPU_NODE, "protected-1") is not None
 
-    await eventually_async(gpu_node_listed, what="GPUNode protected-1 written by the scheduler")
+    await eventually_async(gpu_node_listed, what="GPUNode protected-1 written by its node agent")
     gpu_node = kube.state.objects[(GPU_NODE_RESOURCE, None, "protected-1")]
     gpu_node["metadata"].setdefault("labels", {})[DO_NOT_DISRUPT] = "true"  # kubectl label gpunode
     kube.state.put(GPU_NODE_RESOURCE, gpu_node)

@@ -28,6 +28,7 @@ from tfcommon.cluster.leader import LeaseRecord
 from tfcommon.cluster.manifests import (
     binding_body,
     custom_object_from_manifest,
+    custom_owner_reference,
     eviction_body,
     metadata_patch,
     namespace_from_manifest,
@@ -518,10 +519,13 @@ class KubernetesCluster:
         namespace: str | None = None,
         labels: Mapping[str, str] | None = None,
         spec: Mapping[str, Any] | None = None,
+        owner: CustomObject | None = None,
     ) -> PatchResult:
         metadata: dict[str, Any] = {"name": name, "labels": dict(labels or {})}
         if kind.namespaced and namespace is not None:
             metadata["namespace"] = namespace
+        if owner is not None:
+            metadata["ownerReferences"] = [custom_owner_reference(owner)]
         body = {
             "apiVersion": f"{CUSTOM_RESOURCE_GROUP}/{CUSTOM_RESOURCE_VERSION}",
             "kind": _CUSTOM_KINDS[kind],
@@ -536,6 +540,22 @@ class KubernetesCluster:
         if reply.status == 404:
             return NotFound(reply.message)
         raise reply.error()
+
+    async def patch_custom_metadata(
+        self,
+        kind: CustomResource,
+        name: str,
+        *,
+        namespace: str | None = None,
+        labels: Mapping[str, str | None] | None = None,
+        annotations: Mapping[str, str | None] | None = None,
+        owner: CustomObject | None = None,
+        resource_version: str | None = None,
+    ) -> PatchResult:
+        body = metadata_patch(labels or {}, annotations or {}, resource_version)
+        if owner is not None:
+            body["metadata"]["ownerReferences"] = [custom_owner_reference(owner)]
+        return await self._patch(_custom_path(kind, namespace, name), body)
 
     async def patch_custom_status(
         self,

@@ -12,6 +12,8 @@ from datetime import datetime
 from typing import Any
 
 from tfcommon.cluster.model import (
+    CUSTOM_RESOURCE_GROUP,
+    CUSTOM_RESOURCE_VERSION,
     ContainerResources,
     CustomObject,
     CustomResource,
@@ -199,7 +201,42 @@ def custom_object_from_manifest(kind: CustomResource, manifest: Manifest) -> Cus
         annotations=_strings(meta.get("annotations")),
         spec=_mapping(manifest.get("spec")),
         status=_mapping(manifest.get("status")),
+        owner_references=_owner_references(meta),
     )
+
+
+def _owner_references(meta: Mapping[str, Any]) -> tuple[OwnerReference, ...]:
+    return tuple(
+        OwnerReference(
+            kind=str(o.get("kind", "")),
+            name=str(o.get("name", "")),
+            uid=str(o.get("uid", "")),
+            controller=bool(o.get("controller", False)),
+        )
+        for o in meta.get("ownerReferences") or ()
+    )
+
+
+CUSTOM_KINDS = {
+    CustomResource.GPU: "GPU",
+    CustomResource.GPU_NODE: "GPUNode",
+    CustomResource.GPU_POOL: "GPUPool",
+    CustomResource.GPU_RESOURCE_QUOTA: "GPUResourceQuota",
+}
+
+
+def custom_owner_reference(owner: CustomObject) -> dict[str, Any]:
+    """The controller ownerReference to one of our objects: the garbage collector deletes the dependent
+    with its owner. `blockOwnerDeletion` is left out: setting it needs update rights on the owner."""
+    if not owner.uid:
+        raise ValueError(f"owner {owner.kind.plural}/{owner.name} has no uid: read it from the cluster first")
+    return {
+        "apiVersion": f"{CUSTOM_RESOURCE_GROUP}/{CUSTOM_RESOURCE_VERSION}",
+        "kind": CUSTOM_KINDS[owner.kind],
+        "name": owner.name,
+        "uid": owner.uid,
+        "controller": True,
+    }
 
 
 def metadata_patch(

@@ -20,8 +20,10 @@ from typing import Any
 from tfcommon.cluster.leader import LeaseRecord
 from tfcommon.cluster.manifests import (
     custom_object_from_manifest,
+    custom_owner_reference,
     format_timestamp,
     label_selector_from_manifest,
+    metadata_patch,
     namespace_from_manifest,
     node_from_manifest,
     pdb_from_manifest,
@@ -328,6 +330,7 @@ class InMemoryCluster:
         namespace: str | None = None,
         labels: Mapping[str, str] | None = None,
         spec: Mapping[str, Any] | None = None,
+        owner: CustomObject | None = None,
     ) -> PatchResult:
         scope = namespace if kind.namespaced else None
         if (kind.plural, scope, name) in self._objects:
@@ -335,8 +338,26 @@ class InMemoryCluster:
         metadata: dict[str, Any] = {"name": name, "labels": dict(labels or {})}
         if scope is not None:
             metadata["namespace"] = scope
+        if owner is not None:
+            metadata["ownerReferences"] = [custom_owner_reference(owner)]
         stored = self._store(kind.plural, scope, {"metadata": metadata, "spec": dict(spec or {})})
         return Applied(stored["metadata"]["resourceVersion"])
+
+    async def patch_custom_metadata(
+        self,
+        kind: CustomResource,
+        name: str,
+        *,
+        namespace: str | None = None,
+        labels: Mapping[str, str | None] | None = None,
+        annotations: Mapping[str, str | None] | None = None,
+        owner: CustomObject | None = None,
+        resource_version: str | None = None,
+    ) -> PatchResult:
+        patch = metadata_patch(labels or {}, annotations or {}, resource_version)
+        if owner is not None:
+            patch["metadata"]["ownerReferences"] = [custom_owner_reference(owner)]
+        return self._update((kind.plural, namespace if kind.namespaced else None, name), patch)
 
     async def patch_custom_status(
         self,

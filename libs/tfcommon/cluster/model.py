@@ -226,6 +226,7 @@ class CustomObject:
     annotations: Mapping[str, str] = field(default_factory=dict)
     spec: Mapping[str, Any] = field(default_factory=dict)
     status: Mapping[str, Any] = field(default_factory=dict)
+    owner_references: tuple[OwnerReference, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -136,9 +136,25 @@ class Cluster(Protocol):
         namespace: str | None = None,
         labels: Mapping[str, str] | None = None,
         spec: Mapping[str, Any] | None = None,
+        owner: CustomObject | None = None,
     ) -> PatchResult:
         """Create the object (status empty: write it with `patch_custom_status`); `Conflict` when an object
-        of that name already exists."""
+        of that name already exists. With `owner` it is deleted with that object (controller reference)."""
+        ...
+
+    async def patch_custom_metadata(
+        self,
+        kind: CustomResource,
+        name: str,
+        *,
+        namespace: str | None = None,
+        labels: Mapping[str, str | None] | None = None,
+        annotations: Mapping[str, str | None] | None = None,
+        owner: CustomObject | None = None,
+        resource_version: str | None = None,
+    ) -> PatchResult:
+        """Merge labels and annotations (`None` removes a key; other keys, e.g. users' labels, stay); with
+        `owner`, that object becomes the only owner. Spec and status are untouched."""
         ...
 
     async def patch_custom_status(

@@ -35,7 +35,6 @@ REQUIRED_RBAC: dict[str, list[PolicyRule]] = {
         PolicyRule("policy", ("poddisruptionbudgets",), ("get", "list")),
         PolicyRule(CUSTOM_RESOURCE_GROUP, _CUSTOM_RESOURCES, ("get", "list")),
         PolicyRule(CUSTOM_RESOURCE_GROUP, _CUSTOM_STATUS, ("patch",)),
-        PolicyRule(CUSTOM_RESOURCE_GROUP, ("gpus", "gpunodes"), ("create",)),
     ],
     "webhook": [
         PolicyRule("", ("namespaces",), ("get",)),
@@ -48,8 +47,17 @@ REQUIRED_RBAC: dict[str, list[PolicyRule]] = {
         PolicyRule(CUSTOM_RESOURCE_GROUP, ("gpus", "gpunodes", "gpupools"), ("get", "list")),
         PolicyRule(CUSTOM_RESOURCE_GROUP, ("gpupools/status",), ("patch",)),
     ],
+    "node-agent": [
+        PolicyRule("", ("pods",), ("list",)),
+        PolicyRule(CUSTOM_RESOURCE_GROUP, ("gpunodes",), ("get",)),
+        PolicyRule(CUSTOM_RESOURCE_GROUP, ("gpus", "gpunodes"), ("create", "patch")),
+        PolicyRule(CUSTOM_RESOURCE_GROUP, ("gpus/status", "gpunodes/status"), ("patch",)),
+    ],
 }
-"""Rules per service account. `get` covers the `get_*` methods, `list` the `list_*` ones."""
+"""Rules per service account. `get` covers the `get_*` methods, `list` the `list_*` ones. RBAC cannot
+limit the node agent to its own node's objects (resource names are not known in advance, and `create`
+cannot be limited by name): its code only touches the GPUNode named after its node and the GPUs it
+discovered there (`tfagent.kubernetes_status`)."""
 
 LEASE_RBAC: dict[str, list[PolicyRule]] = {
     "scheduler": [PolicyRule("coordination.k8s.io", ("leases",), ("get", "create", "update"))],

@@ -59,6 +59,9 @@ def submission_for(pod: dict[str, Any], namespace: str, config_path: Path | None
             for toleration in spec.get("tolerations") or []
         ],
         "node_selector": dict(spec.get("nodeSelector") or {}),
+        "labels": {
+            str(key): str(value) for key, value in ((pod.get("metadata") or {}).get("labels") or {}).items()
+        },
     }
 
 

@@ -16,11 +16,14 @@ the patch later (so a verdict can be cached for identical pods and each one stil
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Any, cast, get_args
 
+import orjson
 from tfcommon.config import TfConfig
 from tfcommon.device_slots import (
     POD_INDEX_ANNOTATION,
@@ -136,6 +139,11 @@ class Admitted:
     @property
     def is_gpu_pod(self) -> bool:
         return self.request is not None
+
+    @cached_property
+    def encoded_patch(self) -> str:
+        """The patch as the AdmissionReview carries it: base64 of its JSON, computed once per verdict."""
+        return base64.b64encode(orjson.dumps(self.patch)).decode()
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,6 @@ AdmissionReview with a request UID; everything else, including odd pods, gets a 
 
 from __future__ import annotations
 
-import base64
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -80,7 +79,7 @@ def render_response(uid: str, verdict: Verdict) -> dict[str, Any]:
         response["allowed"] = True
         if verdict.patch:
             response["patchType"] = "JSONPatch"
-            response["patch"] = base64.b64encode(orjson.dumps(verdict.patch)).decode()
+            response["patch"] = verdict.encoded_patch
     else:
         response["allowed"] = False
         response["status"] = {"code": verdict.code, "message": verdict.message}

@@ -14,6 +14,8 @@ from uuid import uuid4
 
 import kmock
 from cluster_apiserver import ApiServerState, install
+from tfagent.core.inventory import GpuDevice, NodeInventory
+from tfagent.kubernetes_status import KubernetesStatus
 from tfcommon.bus import NatsEventBus
 from tfcommon.cluster.kubernetes import KubernetesCluster
 from tfcommon.ledger.records import GpuSpec, NodeSpec
@@ -79,6 +81,31 @@ async def register_gpus(
         )
         uuids.append(uuid)
     return uuids
+
+
+async def write_agent_objects(cluster: KubernetesCluster, ledger: SqlLedger, node: str) -> None:
+    """What the node agent does in Kubernetes mode (`TF_AGENT_KUBERNETES=true`): create the node's GPUNode
+    and GPU objects with the status it owns, here from the GPUs `register_gpus` put in the ledger."""
+    record = next(n for n in await ledger.list_nodes() if n.name == node)
+    gpus = tuple(
+        GpuDevice(
+            uuid=gpu.uuid.lower(),
+            index=gpu.index,
+            model=gpu.model,
+            product_name=f"{gpu.vendor} {gpu.model}",
+            tflops_milli=gpu.capacity_tflops_milli,
+            vram_bytes=gpu.capacity_vram_bytes,
+            pci_bus_id=f"00000000:{gpu.index:02x}:00.0",
+            numa_node=gpu.numa_node,
+            nvlink_peers=(),
+            mig_enabled=False,
+            capacity_source="test",
+        )
+        for gpu in await ledger.list_gpus()
+        if gpu.node == node
+    )
+    inventory = NodeInventory(node=node, driver_version="test", cuda_version="test", gpus=gpus)
+    await KubernetesStatus(cluster, node=node, pool=record.pool).sync(inventory)
 
 
 def gpu_pod(

@@ -21,6 +21,7 @@ from k8s_scheduler_support import (
     install_once,
     register_gpus,
     start_scheduler,
+    write_agent_objects,
 )
 from nats.aio.msg import Msg
 from tfcommon.bus import NatsEventBus
@@ -198,16 +199,22 @@ async def test_gpu_node_and_pool_status_follow_the_ledger_within_a_second(
             "status": {"lastDefragTime": "2026-01-01T00:00:00Z"},
         },
     )
+    [unannounced] = await register_gpus(ledger, "gpu-node-2", 1)
     process = await start_scheduler(state, url, ledger, bus)
     try:
+        await write_agent_objects(process.cluster, ledger, "gpu-node-1")  # the node agent's part
         await eventually(
-            lambda: (state.objects.get((GPUS, None, uuid)) or {}).get("status"), what="GPU object with status"
+            lambda: (state.objects.get((GPUS, None, uuid)) or {}).get("status", {}).get("available"),
+            what="GPU available written by the scheduler",
         )
         gpu = state.objects[(GPUS, None, uuid)]
         assert gpu["status"]["capacity"] == {"tflops": "100", "vram": "80Gi"}
         assert gpu["status"]["available"] == {"tflops": "100", "vram": "80Gi"}
         assert (gpu["status"]["uuid"], gpu["status"]["index"], gpu["status"]["gpuModel"]) == (uuid, 0, "H100")
         assert gpu["metadata"]["labels"]["kubernetes.io/hostname"] == "gpu-node-1"
+        assert gpu["status"]["model"] == "NVIDIA H100", "the agent's fields are not overwritten"
+        assert (GPUS, None, unannounced) not in state.objects, "GPU objects are the node agent's to create"
+        assert (GPU_NODES, None, "gpu-node-2") not in state.objects
 
         process.put(gpu_pod("trainer", tflops="30", vram="20Gi"))
         await eventually(lambda: _node_of(state, "trainer"), what="pod bound")
@@ -230,8 +237,11 @@ async def test_gpu_node_and_pool_status_follow_the_ledger_within_a_second(
             timeout_s=1.0 - (time.monotonic() - bound_at),
             what="GPUNode available updated",
         )
+        node_status = state.objects[(GPU_NODES, None, "gpu-node-1")]["status"]
+        assert (node_status["totalTFlops"], node_status["managedGPUDeviceIDs"]) == ("100", [uuid])
+        assert node_status["phase"] == "Running"
         pool = state.objects[(GPU_POOLS, None, "default")]["status"]
-        assert (pool["availableTFlops"], pool["totalNodes"], pool["readyNodes"]) == ("70", 1, 1)
+        assert (pool["availableTFlops"], pool["totalNodes"], pool["readyNodes"]) == ("170", 2, 2)
         assert pool["lastDefragTime"] == "2026-01-01T00:00:00Z"
     finally:
         await process.stop()

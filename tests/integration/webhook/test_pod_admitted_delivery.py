@@ -107,6 +107,19 @@ async def test_failed_publishes_are_retried_and_stored_once_each(bus: NatsEventB
     assert await stored_copies(bus, expected) == Counter(dict.fromkeys(expected, 1))
 
 
+async def test_a_lone_event_whose_publish_fails_is_retried_until_stored(bus: NatsEventBus) -> None:
+    faulty = FaultyBus(bus, refused=2, ack_lost=1)
+    service = AdmissionService(config=ConfigSource(None), bus=faulty, retry_backoff_s=0.01)
+    uid = f"lone-{uuid.uuid4().hex}"
+    status, _ = await service.review(a_review(gpu_pod(uid[:40]), uid=uid))
+    assert status == 200
+    await service.drain(timeout_s=20)
+    assert service.pending_events == 0
+    assert faulty.attempts == 4
+    event_id = str(uuid.uuid5(EVENT_NAMESPACE, uid))
+    assert await stored_copies(bus, {event_id}) == Counter({event_id: 1})
+
+
 async def test_shutdown_gives_up_at_its_deadline_and_says_how_many_were_lost(
     bus: NatsEventBus, caplog: pytest.LogCaptureFixture
 ) -> None:

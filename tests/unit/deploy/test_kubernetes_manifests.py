@@ -314,7 +314,7 @@ def test_node_agent_serves_device_plugins_in_the_kubelet_folder() -> None:
     mount = next(mount for mount in container["volumeMounts"] if mount["mountPath"] == plugin_dir)
     volume = next(v for v in agent["spec"]["template"]["spec"]["volumes"] if v["name"] == mount["name"])
     assert volume["hostPath"] == {"path": "/var/lib/kubelet/device-plugins", "type": "Directory"}
-    assert grants("", ["pods"], ["get", "list"]) <= rules_of("node-agent")
+    assert grants("", ["pods"], ["list"]) <= rules_of("node-agent")
 
 
 def test_our_services_have_disruption_budgets_that_never_block_a_drain_forever() -> None:
@@ -375,12 +375,18 @@ def test_defrag_planner_has_no_rights_beyond_its_adapter() -> None:
 
 
 def test_node_agent_may_only_keep_gpu_and_gpunode_objects() -> None:
-    assert rules_of("node-agent") == (
-        grants("", ["nodes"], ["get"])
-        | grants("", ["pods"], ["get", "list"])
-        | grants(TF, ["gpus", "gpunodes"], [*READ, "create", "patch"])
-        | grants(TF, ["gpus/status", "gpunodes/status"], ["patch", "update"])
+    assert (
+        rules_of("node-agent")
+        == required_by_code("node-agent")
+        == (
+            grants("", ["pods"], ["list"])
+            | grants(TF, ["gpunodes"], ["get"])
+            | grants(TF, ["gpus", "gpunodes"], ["create", "patch"])
+            | grants(TF, ["gpus/status", "gpunodes/status"], ["patch"])
+        )
     )
+    env = {item["name"]: item.get("value") for item in only_container(workloads()["node-agent"])["env"]}
+    assert env["TF_AGENT_KUBERNETES"] == "true"
 
 
 def test_webhook_and_metrics_only_read() -> None:

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import base64
+import json
+
 from tfcommon.config import TfConfig, parse_config
+from tfcommon.device_slots import POD_INDEX_COUNT
 from tfwebhook.core.admission import AdmissionContext, Admitted, admit
 from tfwebhook.http import VerdictCache
 from tfwebhook.testing import a_gpu_container, a_pod
@@ -63,3 +67,24 @@ def test_the_cache_is_bounded() -> None:
         cache.decide(replica(**{"tensor-fusion.ai/gpu-model": f"m{index}"}), context)
     assert cache.decide(replica(), context) is not first
     assert cache.decide(replica(), context) == first
+
+
+def test_replicas_completed_with_an_index_get_the_patch_an_uncached_admission_gives() -> None:
+    cache = VerdictCache(4)
+    context = AdmissionContext(TfConfig(), "ns")
+    for pod_index in [*range(POD_INDEX_COUNT), 0, 1, 127, 5]:
+        verdict = cache.decide(replica(), context)
+        assert isinstance(verdict, Admitted)
+        completed = cache.with_pod_index(verdict, pod_index)
+        expected = admit(replica(), AdmissionContext(context.config, "ns", pod_index=pod_index))
+        assert isinstance(expected, Admitted)
+        assert completed.patch == expected.patch
+        assert json.loads(base64.b64decode(completed.encoded_patch)) == expected.patch
+    inference = parse_config("gpuPools: [{name: default, isDefault: true}, {name: inference}]")
+    pod = replica(**{"tensor-fusion.ai/gpupool": "inference"})
+    moved = cache.with_pod_index(cache.decide(pod, AdmissionContext(inference, "ns")), 0)  # type: ignore[arg-type]
+    assert {
+        "op": "add",
+        "path": "/metadata/labels/tensor-fusion.ai~1gpupool",
+        "value": "inference",
+    } in moved.patch
