@@ -8,8 +8,7 @@ publishes the scheduler's own events. Allocation events go out through the ledge
 A replacement of a pod the defrag planner evicted goes into the capacity hold kept for it: the ledger
 swaps the hold for the replacement's allocation on the same GPUs (`SqlLedger.claim_hold`). The active
 holds are kept in memory (`holds`), read with the full view, every node re-check, after a refused
-reservation, and before each batch while a node is being drained; placing costs no extra query
-otherwise.
+reservation, and by each submission batch, in parallel with recording its submissions.
 """
 
 from __future__ import annotations
@@ -20,6 +19,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
+from typing import Literal
 from uuid import UUID, uuid4, uuid5
 
 import sqlalchemy as sa
@@ -67,7 +67,6 @@ from tfscheduler.core.quota import (
 )
 from tfscheduler.core.reports import unschedulable_event, unschedulable_summary
 from tfscheduler.core.view import (
-    DEFRAG_SOURCE,
     allocation_id_for,
     build_snapshot,
     node_block_reason,
@@ -75,7 +74,7 @@ from tfscheduler.core.view import (
     placement_request,
 )
 from tfscheduler.submission import Submission, WorkloadStatus
-from tfscheduler.workloads import StoredWorkload, WorkloadStore
+from tfscheduler.workloads import StoredWorkload, WorkloadStore, scheduler_workload
 
 log = logging.getLogger("tfscheduler")
 MAX_PLACE_ATTEMPTS = 8
@@ -337,26 +336,29 @@ class Scheduler:
 
     async def _submit_batch(self, batch: list[_Queued]) -> None:
         now = self.clock()
-        stored = await self.store.insert_many(
-            [(allocation_id_for(item.submission.workload), item.submission) for item in batch], now
-        )
-        first_of: dict[UUID, _Queued] = {}
-        entries: list[tuple[StoredWorkload, UUID | None]] = []
-        for item in batch:
-            allocation_id = allocation_id_for(item.submission.workload)
-            if allocation_id not in first_of:
-                first_of[allocation_id] = item
-                entries.append((stored[allocation_id], item.cause))
-        fresh = [(workload, cause) for workload, cause in entries if workload.state == "pending"]
         owners = {
             allocation_id_for(item.submission.workload): item.owner_uid for item in batch if item.owner_uid
         }
         statuses: dict[UUID, WorkloadStatus] = {}
         async with self._lock:
-            self._learn([workload for workload, _cause in fresh])
-            statuses.update(
-                await self._place_batch(await self._still_pending(fresh), announce=True, owners=owners)
+            # Read under the lock, so the states are current (a workload ended meanwhile is not pending),
+            # together with the holds, so a hold reserved before a submission is seen before it is placed.
+            stored, _holds = await asyncio.gather(
+                self.store.insert_many(
+                    [(allocation_id_for(item.submission.workload), item.submission) for item in batch], now
+                ),
+                self._refresh_holds(),
             )
+            first_of: dict[UUID, _Queued] = {}
+            entries: list[tuple[StoredWorkload, UUID | None]] = []
+            for item in batch:
+                allocation_id = allocation_id_for(item.submission.workload)
+                if allocation_id not in first_of:
+                    first_of[allocation_id] = item
+                    entries.append((stored[allocation_id], item.cause))
+            fresh = [(workload, cause) for workload, cause in entries if workload.state == "pending"]
+            self._learn([workload for workload, _cause in fresh])
+            statuses.update(await self._place_batch(fresh, announce=True, owners=owners, holds_read=True))
         unsettled = [
             workload.allocation_id for workload, _cause in entries if workload.allocation_id not in statuses
         ]
@@ -403,13 +405,15 @@ class Scheduler:
         announce: bool,
         refreshed: bool = False,
         owners: Mapping[UUID, str] | None = None,
+        holds_read: bool = False,
     ) -> dict[UUID, WorkloadStatus]:
         """Place `entries` in order against the view, reserve those that fit in one transaction, and
         place every other one (and any the ledger refused) on its own. Replacements of pods the defrag
-        planner evicted go into their holds first. Call with the lock held."""
+        planner evicted go into their holds first (read here unless `holds_read`: the caller read them
+        after these entries were submitted). Call with the lock held."""
         owners = owners or {}
         statuses: dict[UUID, WorkloadStatus] = {}
-        if entries:  # a hold reserved a moment ago must be seen before its replacement is placed
+        if entries and not holds_read:  # a hold reserved a moment ago must be seen before its replacement
             await self._refresh_holds()
         if self.holds:
             entries = await self._claim_holds(entries, owners, statuses)
@@ -436,12 +440,11 @@ class Scheduler:
                     for t in tentative
                 ],
                 commit=True,
+                then=_mark_placed([t.stored.allocation_id for t in tentative], self.clock()),
             )
             refused: list[tuple[_Tentative, ReservationResult]] = []
-            placed: list[UUID] = []
             for t, result in zip(tentative, results, strict=True):
                 if isinstance(result, Reserved) and not result.replayed:
-                    placed.append(t.stored.allocation_id)
                     self.active[t.stored.allocation_id] = self._active(result.allocation, t.stored)
                     statuses[t.stored.allocation_id] = _placed_status(result.allocation)
                 else:
@@ -460,8 +463,6 @@ class Scheduler:
                     await self.ledger.commit(record.allocation_id)
                 self.active[record.allocation_id] = self._active(record, t.stored)
                 statuses[record.allocation_id] = _placed_status(record)
-            placed.extend(record.allocation_id for _t, record in taken_over)
-            await self.store.mark_placed(placed, self.clock())
             for t, record in replayed:
                 if record.state == "released":
                     statuses[record.allocation_id] = await self._placed(
@@ -482,7 +483,11 @@ class Scheduler:
             and any(self._unplaceable(stored) for stored, _cause in alone)
         ):
             await self._full_refresh()
-            statuses.update(await self._place_batch(alone, announce=announce, refreshed=True, owners=owners))
+            statuses.update(
+                await self._place_batch(
+                    alone, announce=announce, refreshed=True, owners=owners, holds_read=True
+                )
+            )
             return statuses
         waiting: list[tuple[StoredWorkload, UUID | None, str, Rejection]] = []
         for stored, cause in alone:
@@ -496,10 +501,6 @@ class Scheduler:
 
     async def _refresh_holds(self) -> None:
         self.holds = {hold.allocation.allocation_id: hold for hold in await self.ledger.active_holds()}
-
-    def _draining(self) -> bool:
-        """A defrag drain is under way (a hold is known, or a node carries the defrag-source marker)."""
-        return bool(self.holds) or any(DEFRAG_SOURCE in reason for reason in self.blocked.values())
 
     def _hold_for(self, submission: Submission, owner_uid: str | None) -> HoldRecord | None:
         """The unexpired hold kept for this workload: same namespace and pool, and the same controller
@@ -839,11 +840,61 @@ class Scheduler:
         )
         stored = await self.store.get(allocation_id)
         if stored is not None:
-            old = stored.submission.workload
-            replacement = stored.submission.model_copy(
-                update={"workload": old.model_copy(update={"uid": str(uuid5(allocation_id, "replacement"))})}
-            )
+            replacement = _replacement_of(stored)
             await self.store.insert(allocation_id_for(replacement.workload), replacement, now)
+
+    async def evict(
+        self,
+        allocation_id: UUID,
+        reason: str,
+        *,
+        by: Literal["defrag", "preemption", "drain"] = "drain",
+        announce: bool = True,
+    ) -> WorkloadStatus | None:
+        """The local Eviction API: release the placed workload as evicted, then recreate it as a controller
+        would (same name, a new uid) and place the replacement now, into the defrag hold kept for its name
+        if there is one. Returns the replacement's status; None when the workload is not placed (unknown,
+        pending or ended). Evicting it again returns the same replacement. With `announce`,
+        `tf.evt.pod.evicted` goes out (the defrag planner announces its own evictions, with the campaign)."""
+        stored = await self.store.get(allocation_id)
+        if stored is None:
+            return None
+        replacement = _replacement_of(stored)
+        if stored.state == "evicted":
+            return await self.submit(replacement)
+        if stored.state != "placed":
+            return None
+        async with self._lock:
+            active = self.active.get(allocation_id)
+            record = active.record if active else await self.ledger.get_allocation(allocation_id)
+            now = self.clock()
+            released = record is not None and await self.ledger.release(allocation_id, reason, evicted=True)
+            if released and record is not None:
+                self.active.pop(allocation_id, None)
+                node = self.view.nodes.get(record.node)
+                if node is not None:
+                    self.view.release(placement_of(record, node))
+                await self.store.set_state(allocation_id, "evicted", reason, now)
+                await self.store.insert(allocation_id_for(replacement.workload), replacement, now)
+            current = await self.store.get(allocation_id)
+        if record is None or current is None or current.state != "evicted":
+            return None  # ended (or released by another process) meanwhile
+        if released and announce:
+            await self.bus.publish(
+                PodEvicted(
+                    event_id=uuid5(allocation_id, "evicted"),
+                    occurred_at=now,
+                    workload=record.workload,
+                    node=record.node,
+                    pool=record.pool,
+                    by=by,
+                    reason=reason,
+                    allocation_id=allocation_id,
+                )
+            )
+        if released:
+            self.capacity_freed.set()
+        return await self.submit(replacement)  # an eviction that came first: the same replacement
 
     # ---------------------------------------------------------------------------------- release
 
@@ -867,6 +918,28 @@ class Scheduler:
         if released:
             self.capacity_freed.set()
         return released
+
+    async def released_elsewhere(self, allocation_id: UUID, reason: str) -> bool:
+        """Follow a release another process made in the ledger (a node agent, the defrag planner, another
+        replica, an operator): give the capacity back in the view, retry pending work, and end the stored
+        workload with the ledger's `reason` (only from pending or placed, so an eviction stays one).
+        True the one time the view changes; this scheduler's own releases and redelivered events change
+        nothing. Nothing is replaced here: whoever evicts queues the replacement (local preemption) or
+        the pod's controller recreates it (Kubernetes)."""
+        async with self._lock:
+            active = self.active.pop(allocation_id, None)
+            self.holds.pop(allocation_id, None)
+            if active is not None:
+                # Rebuilt, not released in the view: a node rebuilt since the ledger release already
+                # shows the capacity free, and releasing it again would count it twice.
+                await self._rebuild_node(active.record.node)
+            # Also when a full refresh dropped it from `active` first: the stored state must not stay placed.
+            await self.store.set_state(
+                allocation_id, "ended", reason, self.clock(), only_from=("pending", "placed")
+            )
+        if active is not None:
+            self.capacity_freed.set()
+        return active is not None
 
     # ------------------------------------------------------------------------------------ reads
 
@@ -925,10 +998,33 @@ class Scheduler:
         return result
 
 
+def _replacement_of(stored: StoredWorkload) -> Submission:
+    """What the local controller recreates after an eviction: the same workload under a new uid, derived
+    from the evicted allocation so that evicting twice yields the same replacement."""
+    old = stored.submission.workload
+    uid = str(uuid5(stored.allocation_id, "replacement"))
+    return stored.submission.model_copy(update={"workload": old.model_copy(update={"uid": uid})})
+
+
 def _fail(items: list[_Queued], error: BaseException) -> None:
     for item in items:
         if not item.future.done():
             item.future.set_exception(error)
+
+
+def _mark_placed(allocation_ids: list[UUID], now: datetime) -> sa.Update:
+    """The stored workloads among `allocation_ids` that hold a live allocation, moved to `placed`: run in
+    the reservations' transaction, so a workload is placed exactly when its allocation is written."""
+    workload = scheduler_workload.c
+    allocation = tables.allocation.c
+    held = sa.exists().where(
+        allocation.allocation_id == workload.allocation_id, allocation.state != "released"
+    )
+    return (
+        sa.update(scheduler_workload)
+        .where(workload.allocation_id.in_(allocation_ids), held)
+        .values(state="placed", reason=None, updated_at=now)
+    )
 
 
 def _placed_status(record: AllocationRecord) -> WorkloadStatus:

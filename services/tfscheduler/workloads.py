@@ -152,17 +152,6 @@ class WorkloadStore:
                 found.update({row.allocation_id: _stored(row) for row in existing})
             return found
 
-    async def mark_placed(self, allocation_ids: Sequence[UUID], now: datetime) -> None:
-        """Move every one of `allocation_ids` to `placed` in one statement."""
-        if not allocation_ids:
-            return
-        async with self.engine.begin() as connection:
-            await connection.execute(
-                sa.update(scheduler_workload)
-                .where(scheduler_workload.c.allocation_id.in_(allocation_ids))
-                .values(state="placed", reason=None, updated_at=now)
-            )
-
     async def keep_pending(self, reasons: dict[UUID, str], now: datetime) -> set[UUID]:
         """Set each still-pending workload's reason in one statement; returns the ids that were pending."""
         if not reasons:

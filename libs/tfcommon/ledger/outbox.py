@@ -1,11 +1,12 @@
 """The outbox relay: publishes the events the ledger committed to its `outbox` table, exactly once.
 
 Each pass claims unpublished rows (`FOR UPDATE SKIP LOCKED`, so several relays share the work),
-publishes them in order (each call returns after the JetStream ack), then marks them published in
-the same transaction. A crash before the publish leaves the rows unclaimed for the next relay; a crash
-after the publish but before the mark republishes them, and JetStream drops the repeat because the
-`Nats-Msg-Id` is the event id (within the stream's duplicate window, 2 minutes by default). The relay
-wakes on Postgres NOTIFY `tf_outbox` (sent by a trigger on every insert) and polls as a fallback.
+publishes them in order (all sent before the first JetStream ack is awaited, so a pass costs about one
+round trip), then marks the acknowledged ones published in the same transaction. A crash before the
+publish leaves the rows unclaimed for the next relay; a crash after the publish but before the mark
+republishes them, and JetStream drops the repeat because the `Nats-Msg-Id` is the event id (within the
+stream's duplicate window, 2 minutes by default). The relay wakes on Postgres NOTIFY `tf_outbox` (sent
+by a trigger on every insert) and polls as a fallback.
 
 Run it on its own with `python -m tfcommon.ledger.outbox --database-url URL --nats-url URL`. On a
 secured NATS (deploy/nats/nats.conf) it connects as the `scheduler` user, whose events it publishes:
@@ -57,7 +58,9 @@ class Publisher(Protocol):
     """Where the relay publishes: `tfcommon.bus.NatsEventBus` (or any `EventBus`) satisfies it.
 
     `publish_raw` must return only once the message is stored, and must treat `event_id` as the
-    deduplication id (`Nats-Msg-Id`), so that publishing the same event twice stores it once.
+    deduplication id (`Nats-Msg-Id`), so that publishing the same event twice stores it once. It must
+    hand the message to its connection before it first waits: the relay starts the next publish
+    before this one is acknowledged, and relies on that to store events in the order they were written.
     """
 
     async def publish_raw(
@@ -123,8 +126,8 @@ class OutboxRelay:
     async def publish_pending(self) -> int:
         """Publish up to one batch of unpublished events, oldest first; returns how many were published.
 
-        If publishing fails part-way, the events already published are still marked and the error
-        is raised; the rest stay pending for the next pass.
+        If publishing fails for some events, those acknowledged are still marked and the first error
+        is raised; the others stay pending for the next pass.
         """
         outbox = tables.outbox.c
         failure: BaseException | None = None
@@ -151,17 +154,16 @@ class OutboxRelay:
             await self._maybe_pause("before-publish", [str(row.event_id) for row in claimed])
             published: list[int] = []
             try:
-                for row in claimed:
-                    await self._publisher.publish_raw(
-                        row.subject,
-                        _payload_bytes(row.payload),
-                        event_id=str(row.event_id),
-                        event_type=row.event_type,
-                        occurred_at=row.occurred_at,
-                        headers=dict(row.headers) or None,
-                    )
-                    published.append(row.id)
-                await self._maybe_pause("after-publish", [str(row.event_id) for row in claimed])
+                acks = await self._publish_in_order(claimed)
+                for row, ack in zip(claimed, acks, strict=True):
+                    if ack is None:
+                        published.append(row.id)
+                    elif isinstance(ack, Exception):
+                        failure = failure or ack
+                    else:
+                        raise ack
+                if failure is None:
+                    await self._maybe_pause("after-publish", [str(row.event_id) for row in claimed])
             except Exception as error:  # marked below, then re-raised: what was published stays published
                 failure = error
             if published:
@@ -171,6 +173,32 @@ class OutboxRelay:
         if failure is not None:
             raise failure
         return len(published)
+
+    async def _publish_in_order(self, rows: Sequence[Any]) -> list[BaseException | None]:
+        """Publish every row without waiting for one ack before sending the next; each row's outcome.
+
+        The publishes start in `rows` order (asyncio runs new tasks first come, first served) and each
+        hands its message to the connection before it first waits, so the bus stores them in that
+        order; the connection sends them together and the acks are awaited together."""
+        publishing = [
+            asyncio.create_task(
+                self._publisher.publish_raw(
+                    row.subject,
+                    _payload_bytes(row.payload),
+                    event_id=str(row.event_id),
+                    event_type=row.event_type,
+                    occurred_at=row.occurred_at,
+                    headers=dict(row.headers) or None,
+                )
+            )
+            for row in rows
+        ]
+        try:
+            return await asyncio.gather(*publishing, return_exceptions=True)
+        except BaseException:  # cancelled: no publish outlives the transaction that claimed its row
+            for task in publishing:
+                task.cancel()
+            raise
 
     async def prune_published(self, older_than_s: float) -> int:
         """Delete events published more than `older_than_s` seconds ago; returns how many went.

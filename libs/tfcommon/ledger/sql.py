@@ -19,7 +19,7 @@ from uuid import UUID
 
 import psycopg
 import sqlalchemy as sa
-from sqlalchemy import Row, and_, select, text, update
+from sqlalchemy import Executable, Row, and_, select, text, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
@@ -288,7 +288,11 @@ class SqlLedger:
         return (await self.reserve_many([request], commit=commit))[0]
 
     async def reserve_many(
-        self, requests: Sequence[ReservationRequest], *, commit: bool = False
+        self,
+        requests: Sequence[ReservationRequest],
+        *,
+        commit: bool = False,
+        then: Executable | None = None,
     ) -> list[ReservationResult]:
         """`reserve()` each request, in order, in one transaction: one commit for the whole batch.
 
@@ -296,14 +300,17 @@ class SqlLedger:
         does not undo the others. Results come back in request order. If a statement wrote part of a
         reservation (another writer reserved the same allocation id at the same moment), the batch is
         rolled back and redone with a savepoint per request; if Postgres aborts the batch to break a
-        deadlock with another writer, it is retried from the start.
+        deadlock with another writer, it is retried from the start. `then`, when given, is the
+        caller's own record of the batch: one statement run in the same transaction after the
+        reservations (it sees them), so it commits with them or not at all, without a transaction of
+        its own.
         """
         for attempt in range(1, DEADLOCK_ATTEMPTS + 1):
             try:
                 try:
-                    return await self._reserve_batch(requests, commit=commit, isolated=False)
+                    return await self._reserve_batch(requests, commit=commit, isolated=False, then=then)
                 except (_PartialReservationError, IntegrityError):
-                    return await self._reserve_batch(requests, commit=commit, isolated=True)
+                    return await self._reserve_batch(requests, commit=commit, isolated=True, then=then)
             except DBAPIError as error:
                 if _sqlstate(error) not in RETRYABLE_SQLSTATES or attempt == DEADLOCK_ATTEMPTS:
                     raise
@@ -315,21 +322,29 @@ class SqlLedger:
         raise AssertionError("unreachable")
 
     async def _reserve_batch(
-        self, requests: Sequence[ReservationRequest], *, commit: bool, isolated: bool
+        self,
+        requests: Sequence[ReservationRequest],
+        *,
+        commit: bool,
+        isolated: bool,
+        then: Executable | None,
     ) -> list[ReservationResult]:
         now = self._clock()
         results: list[ReservationResult] = []
         async with self.engine.begin() as connection:
-            for request in requests:
-                if not isolated:
-                    return await _reserve_pipelined(connection, requests, now, commit)
-                try:
-                    async with connection.begin_nested():
-                        results.append(await _reserve_one(connection, request, now, commit))
-                except _PartialReservationError:
-                    results.append(await _unreserved_result(connection, request))
-                except IntegrityError as refusal:
-                    results.append(_refusal_result(request, refusal))
+            if not isolated and requests:
+                results = await _reserve_pipelined(connection, requests, now, commit)
+            elif isolated:
+                for request in requests:
+                    try:
+                        async with connection.begin_nested():
+                            results.append(await _reserve_one(connection, request, now, commit))
+                    except _PartialReservationError:
+                        results.append(await _unreserved_result(connection, request))
+                    except IntegrityError as refusal:
+                        results.append(_refusal_result(request, refusal))
+            if then is not None:
+                await connection.execute(then)
         return results
 
     async def commit(self, allocation_id: UUID, cause: UUID | None = None) -> bool:
@@ -364,60 +379,9 @@ class SqlLedger:
         """
         if not reason:
             raise LedgerInputError("reason: empty; say why the allocation ends (e.g. pod-deleted, evicted)")
-        now = self._clock()
-        allocation = tables.allocation.c
-        gpu = tables.gpu.c
+        kind: HistoryKind = "evicted" if evicted else "released"
         async with self.engine.begin() as connection:
-            # Only the transaction that flips the state gives capacity back: concurrent releases
-            # serialise on the allocation rows and the later ones find nothing to flip.
-            released = (
-                await connection.execute(
-                    update(tables.allocation)
-                    .where(and_(allocation.allocation_id == allocation_id, allocation.state != "released"))
-                    .values(state="released", released_at=now, release_reason=reason)
-                    .returning(
-                        allocation.gpu_uuid, allocation.request_tflops_milli, allocation.request_vram_bytes
-                    )
-                )
-            ).all()
-            if not released:
-                return False
-            shares = sorted((row[0], row[1], row[2]) for row in released)
-            for gpu_uuid, tflops_milli, vram_bytes in shares:
-                await connection.execute(
-                    update(tables.gpu)
-                    .where(gpu.uuid == gpu_uuid)
-                    .values(
-                        used_tflops_milli=gpu.used_tflops_milli - tflops_milli,
-                        used_vram_bytes=gpu.used_vram_bytes - vram_bytes,
-                        version=gpu.version + 1,
-                        updated_at=now,
-                    )
-                )
-            await _append_history(
-                connection,
-                allocation_id,
-                shares,
-                kind="evicted" if evicted else "released",
-                occurred_at=now,
-                cause=cause,
-                reason=reason,
-            )
-            record = await _load_allocation(connection, allocation_id)
-            assert record is not None
-            await _write_outbox(
-                connection,
-                AllocationReleased(
-                    event_id=derived_event_id(allocation_id, AllocationReleased),
-                    occurred_at=now,
-                    cause=cause,
-                    allocation_id=allocation_id,
-                    workload=record.workload,
-                    node=record.node,
-                    reason=reason,
-                ),
-            )
-            return True
+            return await _release_in(connection, allocation_id, reason, cause, self._clock(), kind)
 
     # ----------------------------------------------------------------------------- capacity holds
 
@@ -511,7 +475,8 @@ class SqlLedger:
                     return refusal
                 workload = request.workload
                 reason = f"defrag hold claimed by {workload.namespace}/{workload.name}"
-                await _release_hold_rows(connection, record, reason, request.cause, now)
+                if not await _release_in(connection, hold_id, reason, request.cause, now, "released"):
+                    return None  # released by another party since it was read
                 result = await _reserve_one(connection, request, now, True)
                 if not isinstance(result, Reserved) or result.replayed:
                     raise _ClaimUndoneError(result)
@@ -541,7 +506,7 @@ fresh AS (
 open_node AS (
     SELECT NOT EXISTS (
         SELECT 1 FROM node WHERE node.name = :node
-          AND (node.labels ? :drain_marker OR node.annotations ? :drain_marker)
+          AND (node.cordoned OR node.labels ? :drain_marker OR node.annotations ? :drain_marker)
     ) AS ok
 ),
 fitting AS (
@@ -608,9 +573,9 @@ SELECT (SELECT ok FROM fresh) AS fresh,
 """One reservation in one round trip: lock the chosen GPUs in UUID order (a fixed order, so multi-GPU
 reservations cannot deadlock each other) keeping only those with room, take capacity only when every
 share has room, then write the allocation rows, their history and the outbox event. Nothing is written
-when the allocation id exists already, a share lacks room, or the node is being drained by the defrag
-planner (its `tensor-fusion.ai/defrag-source` marker: no scheduler may place there, however stale its
-view)."""
+when the allocation id exists already, a share lacks room, or the node is cordoned or being drained by
+the defrag planner (its `tensor-fusion.ai/defrag-source` marker): no scheduler may place there, however
+stale its view."""
 
 
 _RESERVE_QUERY = re.sub(r"(?<![:\w]):(\w+)", r"%(\1)s", _RESERVE_STATEMENT.text)
@@ -742,9 +707,15 @@ async def _unreserved_result(connection: AsyncConnection, request: ReservationRe
         return Reserved(allocation=existing, replayed=True)
     node = (
         await connection.execute(
-            select(tables.node.c.labels, tables.node.c.annotations).where(tables.node.c.name == request.node)
+            select(tables.node.c.cordoned, tables.node.c.labels, tables.node.c.annotations).where(
+                tables.node.c.name == request.node
+            )
         )
     ).first()
+    if node is not None and node.cordoned:
+        return ReservationRejected(
+            field="node", message=f"node {request.node!r} is cordoned; pick another node or uncordon it"
+        )
     if node is not None and (DEFRAG_SOURCE_MARKER in node.labels or DEFRAG_SOURCE_MARKER in node.annotations):
         return ReservationRejected(
             field="node",
@@ -845,18 +816,30 @@ def _outside_hold(hold: AllocationRecord, request: ReservationRequest) -> Reserv
     return None
 
 
-async def _release_hold_rows(
-    connection: AsyncConnection, hold: AllocationRecord, reason: str, cause: UUID | None, now: datetime
-) -> None:
-    """`release()`'s writes for a hold being claimed, inside the claim's transaction."""
+async def _release_in(
+    connection: AsyncConnection,
+    allocation_id: UUID,
+    reason: str,
+    cause: UUID | None,
+    now: datetime,
+    kind: HistoryKind,
+) -> bool:
+    """`release()`'s writes inside the caller's transaction; False (nothing written) when the
+    allocation is unknown or already released. Only the transaction that flips the state gives capacity
+    back: concurrent releases serialise on the allocation rows and the later ones find nothing to flip."""
     allocation = tables.allocation.c
     gpu = tables.gpu.c
-    await connection.execute(
-        update(tables.allocation)
-        .where(and_(allocation.allocation_id == hold.allocation_id, allocation.state != "released"))
-        .values(state="released", released_at=now, release_reason=reason)
-    )
-    shares = sorted((share.gpu_uuid, share.tflops_milli, share.vram_bytes) for share in hold.shares)
+    released = (
+        await connection.execute(
+            update(tables.allocation)
+            .where(and_(allocation.allocation_id == allocation_id, allocation.state != "released"))
+            .values(state="released", released_at=now, release_reason=reason)
+            .returning(allocation.gpu_uuid, allocation.request_tflops_milli, allocation.request_vram_bytes)
+        )
+    ).all()
+    if not released:
+        return False
+    shares = sorted((row[0], row[1], row[2]) for row in released)
     for gpu_uuid, tflops_milli, vram_bytes in shares:
         await connection.execute(
             update(tables.gpu)
@@ -869,20 +852,23 @@ async def _release_hold_rows(
             )
         )
     await _append_history(
-        connection, hold.allocation_id, shares, kind="released", occurred_at=now, cause=cause, reason=reason
+        connection, allocation_id, shares, kind=kind, occurred_at=now, cause=cause, reason=reason
     )
+    record = await _load_allocation(connection, allocation_id)
+    assert record is not None
     await _write_outbox(
         connection,
         AllocationReleased(
-            event_id=derived_event_id(hold.allocation_id, AllocationReleased),
+            event_id=derived_event_id(allocation_id, AllocationReleased),
             occurred_at=now,
             cause=cause,
-            allocation_id=hold.allocation_id,
-            workload=hold.workload,
-            node=hold.node,
+            allocation_id=allocation_id,
+            workload=record.workload,
+            node=record.node,
             reason=reason,
         ),
     )
+    return True
 
 
 async def _append_history(

@@ -286,3 +286,16 @@ async def test_a_node_the_defrag_planner_drains_takes_no_new_reservation_even_af
     }
     await planner.set_ledger_node_markers(node, *clear_source_markers())
     assert isinstance(await ledger.reserve(a_reservation(node, {gpu: (1, 1)})), Reserved)
+
+
+async def test_a_cordoned_node_takes_no_new_reservation_until_uncordoned(ledger: SqlLedger) -> None:
+    node, (gpu,) = await a_node_with_gpus(ledger)
+    assert await ledger.set_node_cordoned(node, True)
+
+    refused = await ledger.reserve(a_reservation(node, {gpu: (1, 1)}))
+
+    assert refused == ReservationRejected(
+        field="node", message=f"node {node!r} is cordoned; pick another node or uncordon it"
+    )
+    assert await ledger.set_node_cordoned(node, False)
+    assert isinstance(await ledger.reserve(a_reservation(node, {gpu: (1, 1)})), Reserved)
