@@ -41,7 +41,7 @@ fmt: $(STAMP) ## Format and autofix
 	$(BIN)/ruff check --fix .
 
 bench: $(STAMP) ## Benchmarks; prints one JSON document
-	$(BIN)/tfctl bench all --json
+	@$(BIN)/tfctl bench all --json
 
 lock: ## Re-pin requirements.lock from requirements.in (needs network)
 	rm -rf .lockenv && $(PYTHON) -m venv .lockenv
