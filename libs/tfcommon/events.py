@@ -123,6 +123,9 @@ class AllocationReleased(Event):
     workload: WorkloadRef
     node: str
     reason: str
+    evicted: bool = Field(
+        default=False, description="the workload was evicted (preemption, defrag, drain), not ended by itself"
+    )
 
 
 class GpuRequest(BaseModel):

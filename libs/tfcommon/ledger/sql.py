@@ -866,6 +866,7 @@ async def _release_in(
             workload=record.workload,
             node=record.node,
             reason=reason,
+            evicted=kind == "evicted",
         ),
     )
     return True

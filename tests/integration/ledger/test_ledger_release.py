@@ -62,6 +62,7 @@ async def test_release_gives_capacity_back_once_and_announces_it_once(ledger: Sq
     event = AllocationReleased.model_validate(payload)
     assert (event.reason, event.cause, event.node) == ("pod-deleted", cause, allocation.node)
     assert event.workload == allocation.workload
+    assert event.evicted is False
 
 
 async def test_racing_releases_of_one_allocation_succeed_exactly_once(ledger: SqlLedger) -> None:
@@ -83,12 +84,14 @@ async def test_releasing_an_unknown_allocation_changes_nothing(ledger: SqlLedger
     assert await ledger.release(uuid4(), "pod-deleted") is False
 
 
-async def test_an_eviction_is_recorded_as_such_in_the_history(ledger: SqlLedger) -> None:
+async def test_an_eviction_is_recorded_and_announced_as_such(ledger: SqlLedger) -> None:
     allocation, _ = await reserved_allocation(ledger)
 
     assert await ledger.release(allocation.allocation_id, "evicted by defrag", uuid4(), evicted=True)
 
     assert [entry.kind for entry in await ledger.history(allocation.allocation_id)] == ["opened", "evicted"]
+    (payload,) = await outbox_rows(ledger, "tf.evt.allocation.released", allocation.allocation_id)
+    assert AllocationReleased.model_validate(payload).evicted is True
 
 
 async def test_commit_marks_a_reservation_bound_once(ledger: SqlLedger) -> None:
