@@ -23,7 +23,7 @@ def nats_url() -> Iterator[str]:
         yield configured
         return
     store_dir = Path(tempfile.mkdtemp(prefix="tfpool-test-nats-"))
-    server = EmbeddedNats(store_dir=store_dir)
+    server = EmbeddedNats(store_dir=store_dir, die_with_parent=True)  # nothing left if pytest is killed
     try:
         yield server.start()
     finally:
@@ -42,7 +42,9 @@ def postgres_server_url() -> Iterator[str]:
         yield configured
         return
     root = Path(tempfile.mkdtemp(prefix="tfpool-test-pg-"))
-    server = EmbeddedPostgres(data_dir=root / "data")
+    server = EmbeddedPostgres(
+        data_dir=root / "data", die_with_parent=True
+    )  # nothing left if pytest is killed
     try:
         yield server.start()
     finally:

@@ -41,7 +41,7 @@ def robust_database_url(postgres_server_url: str) -> Iterator[str]:
 @pytest.fixture(scope="module")
 def robust_nats_url() -> Iterator[str]:
     store_dir = Path(tempfile.mkdtemp(prefix="tfpool-robust-nats-"))
-    server = EmbeddedNats(store_dir=store_dir)
+    server = EmbeddedNats(store_dir=store_dir, die_with_parent=True)  # nothing left if pytest is killed
     try:
         yield server.start()
     finally:

@@ -23,7 +23,7 @@ T = TypeVar("T")
 @contextlib.contextmanager
 def private_nats(store_dir: Path) -> Iterator[str]:
     """A NATS server of its own: the scheduler's durable consumers see no other test's events."""
-    server = EmbeddedNats(store_dir=store_dir)
+    server = EmbeddedNats(store_dir=store_dir, die_with_parent=True)  # nothing left if pytest is killed
     try:
         yield server.start()
     finally:
