@@ -14,7 +14,6 @@ import contextlib
 import io
 import json
 import os
-import select
 import shutil
 import signal
 import subprocess
@@ -29,6 +28,7 @@ from typing import Any
 import httpx
 import pytest
 import yaml
+from stack_up import read_summary, stack_environment
 from tfcommon.events import (
     AllocationCreated,
     AllocationReleased,
@@ -151,33 +151,14 @@ class Stack:
         return plan
 
 
-def read_summary(process: subprocess.Popen[str], timeout_s: float) -> dict[str, Any]:
-    """The JSON line `tfctl up --json` prints once every service is ready."""
-    assert process.stdout is not None
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        readable, _, _ = select.select([process.stdout], [], [], deadline - time.monotonic())
-        if readable:
-            line = process.stdout.readline()
-            if line:
-                summary: dict[str, Any] = json.loads(line)
-                return summary
-            break
-    process.kill()
-    _, errors = process.communicate(timeout=30)
-    pytest.fail(f"tfctl up was not ready within {timeout_s}s (exit {process.returncode}):\n{errors}")
-
-
 @pytest.fixture(scope="module")
 def stack() -> Iterator[Stack]:
     """`tfctl up` with two one-H100 nodes, the defrag configuration and the budget file."""
     folder = Path(tempfile.mkdtemp(prefix="tfpool-defrag-e2e-"))
     (folder / "tensor-fusion.yaml").write_text(yaml.safe_dump(CONFIG))
     (folder / "pdb.yaml").write_text(yaml.safe_dump(BUDGET))
-    environment = {key: value for key, value in os.environ.items() if not key.startswith("TF_")}
-    environment.update(
+    environment = stack_environment(
         TF_API_TOKEN=TOKEN,
-        TF_POSTGRES_FSYNC="off",
         TF_CONFIG_FILE=str(folder / "tensor-fusion.yaml"),
         TF_DEFRAG_PDB_FILE=str(folder / "pdb.yaml"),
     )

@@ -9,9 +9,7 @@ service's. Every `tfctl` command then runs from the repository root, in reading 
 
 from __future__ import annotations
 
-import json
 import os
-import select
 import shutil
 import signal
 import subprocess
@@ -21,13 +19,13 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 from tfctl.main import main as tfctl_main
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit" / "docs"))
 from guide_commands import LOCAL_STACK_PORTS, REPO_ROOT, local_stack_port, of_rule
+from stack_up import read_summary, stack_environment
 
 pytestmark = pytest.mark.e2e
 
@@ -45,35 +43,16 @@ class GuideStack:
         )
 
 
-def _summary(process: subprocess.Popen[str], timeout_s: float) -> dict[str, Any]:
-    assert process.stdout is not None
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        readable, _, _ = select.select([process.stdout], [], [], deadline - time.monotonic())
-        if readable:
-            line = process.stdout.readline()
-            if line:
-                summary: dict[str, Any] = json.loads(line)
-                return summary
-            break
-    process.kill()
-    _, errors = process.communicate(timeout=30)
-    pytest.fail(
-        f"the guide's tfctl up was not ready within {timeout_s}s (exit {process.returncode}):\n{errors}"
-    )
-
-
 @pytest.fixture(scope="module")
 def stack() -> Iterator[GuideStack]:
     [up] = of_rule("tfctl up")
     folder = Path(tempfile.mkdtemp(prefix="tfpool-guides-"))
-    clean = {key: value for key, value in os.environ.items() if not key.startswith("TF_")}
-    clean.update(TF_API_TOKEN=TOKEN, TF_POSTGRES_FSYNC="off")
+    clean = stack_environment(TF_API_TOKEN=TOKEN)
     argv = [sys.executable, "-m", "tfctl.main", *up.argv[1:]]
     argv += ["--ports", "auto", "--json", "--state-dir", str(folder / "state")]
     process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean)
     try:
-        summary = _summary(process, timeout_s=90)
+        summary = read_summary(process, timeout_s=90)
         urls = {service["service"]: service["url"] for service in summary["services"]}
         nats = next(item["url"] for item in summary["infrastructure"] if item["name"] == "nats")
         environment = {

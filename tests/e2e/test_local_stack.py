@@ -8,9 +8,7 @@ command line.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
-import select
 import shutil
 import signal
 import ssl
@@ -25,34 +23,12 @@ from typing import Any
 import httpx
 import psutil  # type: ignore[import-untyped]
 import pytest
+from stack_up import read_summary, stack_environment
 
 pytestmark = pytest.mark.e2e
 
 SERVICES = {"webhook", "scheduler", "defrag-planner", "metrics", "node-agent"}
 ORPHAN_DEADLINE_S = 10.0
-
-
-def stack_environment() -> dict[str, str]:
-    environment = {key: value for key, value in os.environ.items() if not key.startswith("TF_")}
-    environment["TF_POSTGRES_FSYNC"] = "off"
-    return environment
-
-
-def read_summary(process: subprocess.Popen[str], timeout_s: float) -> dict[str, Any]:
-    """The JSON line `tfctl up --json` prints once every service is ready."""
-    assert process.stdout is not None
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        readable, _, _ = select.select([process.stdout], [], [], deadline - time.monotonic())
-        if readable:
-            line = process.stdout.readline()
-            if line:
-                summary: dict[str, Any] = json.loads(line)
-                return summary
-            break
-    process.kill()
-    _, errors = process.communicate(timeout=30)
-    pytest.fail(f"tfctl up was not ready within {timeout_s}s (exit {process.returncode}):\n{errors}")
 
 
 def survivors(state_dir: Path, processes: list[psutil.Process]) -> list[str]:

@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +21,9 @@ from typing import Any
 
 import pytest
 import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
+from stack_up import read_summary, stack_environment
 
 pytestmark = pytest.mark.e2e
 
@@ -94,35 +95,18 @@ def a_pod(
     }
 
 
-def _read_summary(process: subprocess.Popen[str], timeout_s: float) -> dict[str, Any]:
-    assert process.stdout is not None
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        readable, _, _ = select.select([process.stdout], [], [], deadline - time.monotonic())
-        if readable:
-            line = process.stdout.readline()
-            if line:
-                summary: dict[str, Any] = json.loads(line)
-                return summary
-            break
-    process.kill()
-    _, errors = process.communicate(timeout=30)
-    pytest.fail(f"tfctl up was not ready within {timeout_s}s (exit {process.returncode}):\n{errors}")
-
-
 @pytest.fixture(scope="module")
 def local() -> Iterator[LocalStack]:
     """`tfctl up` with two simulated nodes of two H100 each, on free ports, in its own state folder."""
     folder = Path(tempfile.mkdtemp(prefix="tfpool-scenario-"))
-    environment = {key: value for key, value in os.environ.items() if not key.startswith("TF_")}
-    environment.update(TF_API_TOKEN=TOKEN, TF_POSTGRES_FSYNC="off")
+    environment = stack_environment(TF_API_TOKEN=TOKEN)
     command = [sys.executable, "-m", "tfctl.main", "up", "--ports", "auto", "--json"]
     command += ["--state-dir", str(folder / "state"), "--fake-gpus", "H100:2", "--fake-gpus", "H100:2"]
     process = subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment
     )
     try:
-        summary = _read_summary(process, timeout_s=90)
+        summary = read_summary(process, timeout_s=90)
         scheduler = next(s["url"] for s in summary["services"] if s["service"] == "scheduler")
         yield LocalStack(scheduler, folder)
     finally:
