@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import random
 import shutil
 import signal
 import socket
@@ -32,7 +33,27 @@ class InfrastructureError(RuntimeError):
     """An embedded server could not be started; the message says which and why."""
 
 
+LISTEN_PORTS = range(20_000, 32_768)
+"""Where `free_port` looks first: below Linux's default ephemeral range (32768-60999), so that no
+outgoing connection's source port takes a service's port while the service restarts."""
+
+
+_handed_out: set[int] = set()
+
+
 def free_port(host: str = "127.0.0.1") -> int:
+    """A port nobody listens on now and not handed out before by this process, for a server that may
+    stop and start again on it."""
+    for candidate in random.SystemRandom().sample(LISTEN_PORTS, 64):
+        if candidate in _handed_out:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            try:
+                probe.bind((host, candidate))
+            except OSError:
+                continue
+        _handed_out.add(candidate)
+        return candidate
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind((host, 0))
         return int(probe.getsockname()[1])
