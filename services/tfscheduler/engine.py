@@ -8,14 +8,13 @@ publishes the scheduler's own events. Allocation events go out through the ledge
 A replacement of a pod the defrag planner evicted goes into the capacity hold kept for it: the ledger
 swaps the hold for the replacement's allocation on the same GPUs (`SqlLedger.claim_hold`). The active
 holds are kept in memory (`holds`), read with the full view, every node re-check, after a refused
-reservation, and by each submission batch, in parallel with recording its submissions.
+reservation, and by each submission batch, in the transaction that records and reserves it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
@@ -40,7 +39,7 @@ from tfcommon.ledger.records import (
     Reserved,
     ShareRequest,
 )
-from tfcommon.ledger.sql import SqlLedger
+from tfcommon.ledger.sql import BatchAbandonedError, SqlLedger
 from tfcommon.placement import (
     DEFAULT_POLICY,
     ClusterView,
@@ -55,6 +54,7 @@ from tfcommon.placement import (
     policy,
 )
 
+from tfscheduler.core.learning import RecentWorkload, same_target
 from tfscheduler.core.preemption import Candidate, NoPreemption, Priority, plan_preemption
 from tfscheduler.core.quota import (
     NamespaceQuota,
@@ -157,9 +157,7 @@ class Scheduler:
         self.capacity_freed = asyncio.Event()
         self._lock = asyncio.Lock()
         self._profiles: dict[str, Profile] = {}
-        self._recent_requests: deque[PlacementRequest] = deque(maxlen=RECENT_REQUESTS)
-        self._requests_seen = 0
-        self._requests_learned = 0
+        self._recent = RecentWorkload(RECENT_REQUESTS, RELEARN_EVERY)
         self._plugin_args = PluginArgs()
         self._last_full_refresh = 0.0
         self._queue: list[_Queued] = []
@@ -175,11 +173,12 @@ class Scheduler:
         return self._profiles[mode]
 
     def _learn(self, workloads: list[StoredWorkload]) -> None:
-        """Remember new submissions' requests; relearn the target workload when enough are new."""
+        """Count new submissions' requests; relearn the target workload when enough are new, and start
+        new policies only when it changed (a new policy scores every node again)."""
         for stored in workloads:
             submission = stored.submission
             try:
-                self._recent_requests.append(
+                self._recent.add(
                     placement_request(
                         f"{submission.workload.namespace}/{submission.workload.name}",
                         submission.request,
@@ -189,12 +188,11 @@ class Scheduler:
                 )
             except PlacementRequestError:
                 continue
-            self._requests_seen += 1
-        new = self._requests_seen - self._requests_learned
-        if new and (new >= self._requests_learned or new >= RELEARN_EVERY):
-            self._plugin_args = PluginArgs.learned_from(self._recent_requests)
-            self._requests_learned = self._requests_seen
-            self._profiles.clear()
+        if self._recent.due():
+            learned = self._recent.learn()
+            if not same_target(self._plugin_args, learned):
+                self._plugin_args = learned
+                self._profiles.clear()
 
     async def start(self) -> None:
         """Rebuild the in-memory view from the ledger (at start, and as a periodic safety net)."""
@@ -339,26 +337,21 @@ class Scheduler:
         owners = {
             allocation_id_for(item.submission.workload): item.owner_uid for item in batch if item.owner_uid
         }
-        statuses: dict[UUID, WorkloadStatus] = {}
+        submitted = [(allocation_id_for(item.submission.workload), item.submission) for item in batch]
         async with self._lock:
-            # Read under the lock, so the states are current (a workload ended meanwhile is not pending),
-            # together with the holds, so a hold reserved before a submission is seen before it is placed.
-            stored, _holds = await asyncio.gather(
-                self.store.insert_many(
-                    [(allocation_id_for(item.submission.workload), item.submission) for item in batch], now
-                ),
-                self._refresh_holds(),
-            )
-            first_of: dict[UUID, _Queued] = {}
-            entries: list[tuple[StoredWorkload, UUID | None]] = []
-            for item in batch:
-                allocation_id = allocation_id_for(item.submission.workload)
-                if allocation_id not in first_of:
-                    first_of[allocation_id] = item
-                    entries.append((stored[allocation_id], item.cause))
-            fresh = [(workload, cause) for workload, cause in entries if workload.state == "pending"]
-            self._learn([workload for workload, _cause in fresh])
-            statuses.update(await self._place_batch(fresh, announce=True, owners=owners, holds_read=True))
+            recorded = await self._record_and_place(batch, submitted, owners, now)
+            if recorded is None:  # the one-transaction path gave up: record, then place, as two steps
+                # Read under the lock, so the states are current (a workload ended meanwhile is not
+                # pending), with the holds, so a hold reserved before a submission is seen first.
+                stored, _holds = await asyncio.gather(
+                    self.store.insert_many(submitted, now), self._refresh_holds()
+                )
+                entries = _first_entries(batch, stored)
+                fresh = [(workload, cause) for workload, cause in entries if workload.state == "pending"]
+                self._learn([workload for workload, _cause in fresh])
+                statuses = await self._place_batch(fresh, announce=True, owners=owners, holds_read=True)
+            else:
+                entries, statuses = recorded
         unsettled = [
             workload.allocation_id for workload, _cause in entries if workload.allocation_id not in statuses
         ]
@@ -372,6 +365,62 @@ class Scheduler:
         for item in batch:
             if not item.future.done():
                 item.future.set_result(statuses[allocation_id_for(item.submission.workload)])
+
+    async def _record_and_place(
+        self,
+        batch: list[_Queued],
+        submitted: list[tuple[UUID, Submission]],
+        owners: Mapping[UUID, str],
+        now: datetime,
+    ) -> tuple[list[tuple[StoredWorkload, UUID | None]], dict[UUID, WorkloadStatus]] | None:
+        """Record the batch's submissions, read the holds and reserve every workload that fits at once,
+        all in one ledger transaction (one commit); then place the rest one by one. Returns the batch's
+        entries and the statuses decided, or None, with nothing written, when the ledger abandoned the
+        transaction (a racing writer or a deadlock): the caller then records and places in two steps.
+        Call with the lock held."""
+        tentative: list[_Tentative] = []
+        try:
+            async with self.ledger.transaction() as transaction:
+                stored = await self.store.insert_many(submitted, now, connection=transaction.connection)
+                self.holds = {
+                    hold.allocation.allocation_id: hold for hold in await transaction.active_holds()
+                }
+                entries = _first_entries(batch, stored)
+                fresh = [(workload, cause) for workload, cause in entries if workload.state == "pending"]
+                self._learn([workload for workload, _cause in fresh])
+                held_ids = {
+                    workload.allocation_id
+                    for workload, _cause in fresh
+                    if self.holds and self._hold_for(workload.submission, owners.get(workload.allocation_id))
+                }
+                held = [entry for entry in fresh if entry[0].allocation_id in held_ids]
+                tentative, alone = self._tentatives(
+                    [entry for entry in fresh if entry[0].allocation_id not in held_ids]
+                )
+                results = (
+                    await transaction.reserve_many(
+                        [_tentative_reservation(t) for t in tentative],
+                        commit=True,
+                        then=_mark_placed([t.stored.allocation_id for t in tentative], self.clock()),
+                    )
+                    if tentative
+                    else []
+                )
+        except BatchAbandonedError as error:
+            log.info("one-transaction batch abandoned; placing in two steps", extra={"error": str(error)})
+            for t in tentative:
+                self.view.release(t.outcome)
+            return None
+        except BaseException:
+            for t in tentative:
+                self.view.release(t.outcome)
+            raise
+        statuses: dict[UUID, WorkloadStatus] = {}
+        alone = await self._settle(tentative, results, alone, owners, statuses)
+        if held:
+            statuses.update(await self._place_batch(held, announce=True, owners=owners, holds_read=True))
+        statuses.update(await self._place_alone(alone, announce=True, owners=owners))
+        return entries, statuses
 
     async def retry_pending(self) -> int:
         """Try every pending workload again (highest priority first); returns how many were placed."""
@@ -417,6 +466,27 @@ class Scheduler:
             await self._refresh_holds()
         if self.holds:
             entries = await self._claim_holds(entries, owners, statuses)
+        tentative, alone = self._tentatives(entries)
+        if tentative:
+            try:
+                results = await self.ledger.reserve_many(
+                    [_tentative_reservation(t) for t in tentative],
+                    commit=True,
+                    then=_mark_placed([t.stored.allocation_id for t in tentative], self.clock()),
+                )
+            except BaseException:
+                for t in tentative:
+                    self.view.release(t.outcome)
+                raise
+            alone = await self._settle(tentative, results, alone, owners, statuses)
+        statuses.update(await self._place_alone(alone, announce=announce, refreshed=refreshed, owners=owners))
+        return statuses
+
+    def _tentatives(
+        self, entries: list[tuple[StoredWorkload, UUID | None]]
+    ) -> tuple[list[_Tentative], list[tuple[StoredWorkload, UUID | None]]]:
+        """Place each entry in order against the view (applied there, not yet in the ledger) when it
+        fits without preemption or a refresh; the others, in order, need the full path."""
         tentative: list[_Tentative] = []
         alone: list[tuple[StoredWorkload, UUID | None]] = []
         # Once a workload needs the full path (it may preempt), no lower-priority one jumps ahead of it.
@@ -433,49 +503,66 @@ class Scheduler:
             outcome, request = quick
             self.view.apply(outcome)
             tentative.append(_Tentative(stored, cause, outcome, request))
-        if tentative:
-            results = await self.ledger.reserve_many(
-                [
-                    _reservation(t.stored.allocation_id, t.stored.submission, t.request, t.outcome, t.cause)
-                    for t in tentative
-                ],
-                commit=True,
-                then=_mark_placed([t.stored.allocation_id for t in tentative], self.clock()),
-            )
-            refused: list[tuple[_Tentative, ReservationResult]] = []
-            for t, result in zip(tentative, results, strict=True):
-                if isinstance(result, Reserved) and not result.replayed:
-                    self.active[t.stored.allocation_id] = self._active(result.allocation, t.stored)
-                    statuses[t.stored.allocation_id] = _placed_status(result.allocation)
-                else:
-                    refused.append((t, result))
-            replayed: list[tuple[_Tentative, AllocationRecord]] = []
-            for t, result in refused:
-                self.view.release(t.outcome)
-                if isinstance(result, Reserved):
-                    replayed.append((t, result.allocation))
-                else:
-                    alone.append((t.stored, t.cause))
-            # Workloads another scheduler placed meanwhile: take its allocation as this one's.
-            taken_over = [(t, record) for t, record in replayed if record.state != "released"]
-            for t, record in taken_over:
-                if record.state == "reserved":
-                    await self.ledger.commit(record.allocation_id)
-                self.active[record.allocation_id] = self._active(record, t.stored)
-                statuses[record.allocation_id] = _placed_status(record)
-            for t, record in replayed:
-                if record.state == "released":
-                    statuses[record.allocation_id] = await self._placed(
-                        t.stored, Reserved(record, True), t.outcome
-                    )
-            touched = {t.outcome.node for t, _result in refused} | {record.node for _t, record in replayed}
-            for node in sorted(touched):
-                await self._rebuild_node(node)
-            if len(replayed) < len(refused):
-                # The view missed ledger changes: a hold reserved since the last read may be one of them.
-                await self._refresh_holds()
-                if self.holds:
-                    alone = await self._claim_holds(alone, owners, statuses)
+        return tentative, alone
+
+    async def _settle(
+        self,
+        tentative: list[_Tentative],
+        results: list[ReservationResult],
+        alone: list[tuple[StoredWorkload, UUID | None]],
+        owners: Mapping[UUID, str],
+        statuses: dict[UUID, WorkloadStatus],
+    ) -> list[tuple[StoredWorkload, UUID | None]]:
+        """Take the committed reservations of `tentative` into the state and `statuses`; returns
+        `alone` with the workloads the ledger refused added (they go the full path)."""
+        refused: list[tuple[_Tentative, ReservationResult]] = []
+        for t, result in zip(tentative, results, strict=True):
+            if isinstance(result, Reserved) and not result.replayed:
+                self.active[t.stored.allocation_id] = self._active(result.allocation, t.stored)
+                statuses[t.stored.allocation_id] = _placed_status(result.allocation)
+            else:
+                refused.append((t, result))
+        if not refused:
+            return alone
+        replayed: list[tuple[_Tentative, AllocationRecord]] = []
+        for t, result in refused:
+            self.view.release(t.outcome)
+            if isinstance(result, Reserved):
+                replayed.append((t, result.allocation))
+            else:
+                alone.append((t.stored, t.cause))
+        # Workloads another scheduler placed meanwhile: take its allocation as this one's.
+        taken_over = [(t, record) for t, record in replayed if record.state != "released"]
+        for t, record in taken_over:
+            if record.state == "reserved":
+                await self.ledger.commit(record.allocation_id)
+            self.active[record.allocation_id] = self._active(record, t.stored)
+            statuses[record.allocation_id] = _placed_status(record)
+        for t, record in replayed:
+            if record.state == "released":
+                statuses[record.allocation_id] = await self._placed(
+                    t.stored, Reserved(record, True), t.outcome
+                )
+        touched = {t.outcome.node for t, _result in refused} | {record.node for _t, record in replayed}
+        for node in sorted(touched):
+            await self._rebuild_node(node)
+        if len(replayed) < len(refused):
+            # The view missed ledger changes: a hold reserved since the last read may be one of them.
+            await self._refresh_holds()
+            if self.holds:
+                alone = await self._claim_holds(alone, owners, statuses)
+        return alone
+
+    async def _place_alone(
+        self,
+        alone: list[tuple[StoredWorkload, UUID | None]],
+        *,
+        announce: bool,
+        refreshed: bool = False,
+        owners: Mapping[UUID, str],
+    ) -> dict[UUID, WorkloadStatus]:
+        """Place each workload that needs the full path (preemption, a refresh, a wait) on its own."""
+        statuses: dict[UUID, WorkloadStatus] = {}
         if (
             alone
             and not refreshed
@@ -483,12 +570,9 @@ class Scheduler:
             and any(self._unplaceable(stored) for stored, _cause in alone)
         ):
             await self._full_refresh()
-            statuses.update(
-                await self._place_batch(
-                    alone, announce=announce, refreshed=True, owners=owners, holds_read=True
-                )
+            return await self._place_batch(
+                alone, announce=announce, refreshed=True, owners=owners, holds_read=True
             )
-            return statuses
         waiting: list[tuple[StoredWorkload, UUID | None, str, Rejection]] = []
         for stored, cause in alone:
             verdict = self._unplaceable(stored)
@@ -1004,6 +1088,27 @@ def _replacement_of(stored: StoredWorkload) -> Submission:
     old = stored.submission.workload
     uid = str(uuid5(stored.allocation_id, "replacement"))
     return stored.submission.model_copy(update={"workload": old.model_copy(update={"uid": uid})})
+
+
+def _first_entries(
+    batch: list[_Queued], stored: Mapping[UUID, StoredWorkload]
+) -> list[tuple[StoredWorkload, UUID | None]]:
+    """Each workload of the batch once (its first submission wins), with its stored row and cause."""
+    first_of: set[UUID] = set()
+    entries: list[tuple[StoredWorkload, UUID | None]] = []
+    for item in batch:
+        allocation_id = allocation_id_for(item.submission.workload)
+        if allocation_id not in first_of:
+            first_of.add(allocation_id)
+            entries.append((stored[allocation_id], item.cause))
+    return entries
+
+
+def _tentative_reservation(tentative: _Tentative) -> ReservationRequest:
+    stored = tentative.stored
+    return _reservation(
+        stored.allocation_id, stored.submission, tentative.request, tentative.outcome, tentative.cause
+    )
 
 
 def _fail(items: list[_Queued], error: BaseException) -> None:

@@ -15,7 +15,7 @@ from uuid import UUID
 
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import JSONB, insert
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from tfscheduler.core.preemption import QOS_RANK
 from tfscheduler.submission import Submission, WorkloadState
@@ -120,37 +120,21 @@ class WorkloadStore:
             return _stored(row)
 
     async def insert_many(
-        self, entries: Sequence[tuple[UUID, Submission]], now: datetime
+        self,
+        entries: Sequence[tuple[UUID, Submission]],
+        now: datetime,
+        *,
+        connection: AsyncConnection | None = None,
     ) -> dict[UUID, StoredWorkload]:
-        """`insert` each entry in one statement; returns every entry's row, new or existing, by id."""
+        """`insert` each entry in one statement; returns every entry's row, new or existing, by id. With
+        `connection`, within the caller's open transaction (it commits or rolls back with it)."""
         submissions = dict(entries)
         if not submissions:
             return {}
-        rows = [
-            {
-                "allocation_id": str(allocation_id),
-                "namespace": submission.workload.namespace,
-                "name": submission.workload.name,
-                "uid": submission.workload.uid,
-                "submission": submission.model_dump(mode="json"),
-                "priority": submission.priority,
-                "qos_rank": QOS_RANK[submission.request.qos],
-            }
-            for allocation_id, submission in submissions.items()
-        ]
-        async with self.engine.begin() as connection:
-            inserted = await connection.execute(_INSERT_MANY, {"rows": json.dumps(rows), "now": now})
-            found = {
-                allocation_id: StoredWorkload(allocation_id, submissions[allocation_id], "pending", None, now)
-                for (allocation_id,) in inserted
-            }
-            missing = [allocation_id for allocation_id in submissions if allocation_id not in found]
-            if missing:
-                existing = await connection.execute(
-                    sa.select(scheduler_workload).where(scheduler_workload.c.allocation_id.in_(missing))
-                )
-                found.update({row.allocation_id: _stored(row) for row in existing})
-            return found
+        if connection is not None:
+            return await _insert_many(connection, submissions, now)
+        async with self.engine.begin() as own:
+            return await _insert_many(own, submissions, now)
 
     async def keep_pending(self, reasons: dict[UUID, str], now: datetime) -> set[UUID]:
         """Set each still-pending workload's reason in one statement; returns the ids that were pending."""
@@ -224,3 +208,32 @@ class WorkloadStore:
                 sa.select(scheduler_workload).where(scheduler_workload.c.allocation_id.in_(allocation_ids))
             )
             return {row.allocation_id: _stored(row) for row in rows}
+
+
+async def _insert_many(
+    connection: AsyncConnection, submissions: dict[UUID, Submission], now: datetime
+) -> dict[UUID, StoredWorkload]:
+    rows = [
+        {
+            "allocation_id": str(allocation_id),
+            "namespace": submission.workload.namespace,
+            "name": submission.workload.name,
+            "uid": submission.workload.uid,
+            "submission": submission.model_dump(mode="json"),
+            "priority": submission.priority,
+            "qos_rank": QOS_RANK[submission.request.qos],
+        }
+        for allocation_id, submission in submissions.items()
+    ]
+    inserted = await connection.execute(_INSERT_MANY, {"rows": json.dumps(rows), "now": now})
+    found = {
+        allocation_id: StoredWorkload(allocation_id, submissions[allocation_id], "pending", None, now)
+        for (allocation_id,) in inserted
+    }
+    missing = [allocation_id for allocation_id in submissions if allocation_id not in found]
+    if missing:
+        existing = await connection.execute(
+            sa.select(scheduler_workload).where(scheduler_workload.c.allocation_id.in_(missing))
+        )
+        found.update({row.allocation_id: _stored(row) for row in existing})
+    return found

@@ -2,7 +2,8 @@
 
 - `tables`: the SQLAlchemy tables (and who writes each); `migrations/`: their Alembic revisions;
   `migrate`: `upgrade_head`, `downgrade_base`, `current_revision` (what `tfctl migrate` runs).
-- `sql.SqlLedger`: registration, reads, and the race-free `reserve()` / idempotent `release()`.
+- `sql.SqlLedger`: registration, reads, the race-free `reserve()` / idempotent `release()`, and
+  `transaction()` for a caller that records its own rows with a batch of reservations in one commit.
 - `records`: the frozen dataclasses the ledger takes and returns.
 - `outbox.OutboxRelay`: publishes committed events to JetStream exactly once.
 - `testing`: builders for tests.

@@ -2,9 +2,10 @@
 
 Each pass claims unpublished rows (`FOR UPDATE SKIP LOCKED`, so several relays share the work),
 publishes them in order (all sent before the first JetStream ack is awaited, so a pass costs about one
-round trip), then marks the acknowledged ones published in the same transaction. A crash before the
-publish leaves the rows unclaimed for the next relay; a crash after the publish but before the mark
-republishes them, and JetStream drops the repeat because the `Nats-Msg-Id` is the event id (within the
+round trip), then marks the acknowledged ones published in the same transaction; `run()` starts the
+next pass as soon as a pass's acks are in, while that pass still marks (its rows stay locked). A
+crash before the publish leaves the rows unclaimed for the next relay; a crash after the publish but
+before the mark republishes them, and JetStream drops the repeat because the `Nats-Msg-Id` is the event id (within the
 stream's duplicate window, 2 minutes by default). The relay wakes on Postgres NOTIFY `tf_outbox` (sent
 by a trigger on every insert) and polls as a fallback.
 
@@ -24,7 +25,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -129,6 +130,11 @@ class OutboxRelay:
         If publishing fails for some events, those acknowledged are still marked and the first error
         is raised; the others stay pending for the next pass.
         """
+        return await self._publish_pass(None)
+
+    async def _publish_pass(self, on_acknowledged: Callable[[int], None] | None) -> int:
+        """`publish_pending()`; calls `on_acknowledged(count)` once every claimed event is acknowledged,
+        before marking them (the rows stay locked until the mark commits)."""
         outbox = tables.outbox.c
         failure: BaseException | None = None
         async with self._engine.begin() as connection:
@@ -164,6 +170,8 @@ class OutboxRelay:
                         raise ack
                 if failure is None:
                     await self._maybe_pause("after-publish", [str(row.event_id) for row in claimed])
+                    if on_acknowledged is not None:
+                        on_acknowledged(len(claimed))
             except Exception as error:  # marked below, then re-raised: what was published stays published
                 failure = error
             if published:
@@ -218,29 +226,68 @@ class OutboxRelay:
     async def run(self, stop: asyncio.Event) -> None:
         """Publish until `stop` is set: drain the backlog, then wait for a NOTIFY or the poll interval.
 
-        Errors (bus or database unavailable) are logged and retried after the poll interval.
+        A pass starts as soon as the previous one's events are all acknowledged, while that one still
+        marks them published (its rows stay locked, so the new pass skips them): an event committed
+        meanwhile does not wait for the mark. Errors (bus or database unavailable) are logged and
+        retried after the poll interval.
         """
         listener: psycopg.AsyncConnection[Any] | None = None
+        marking: asyncio.Task[int] | None = None
         try:
             while not stop.is_set():
                 if listener is None:
                     listener = await self._listen()
-                try:
-                    published = await self.publish_pending()
-                except Exception as error:  # the relay outlives a bus or database outage
-                    log.warning(
-                        "outbox publish failed; retrying",
-                        extra={"outcome": "retry", "error": f"{type(error).__name__}: {error}"},
-                    )
-                    published = 0
-                if published:
-                    log.info("outbox published", extra={"count": published, "outcome": "published"})
+                claimed, marking = await self._overlapping_pass(marking)
                 await self._prune_now_and_then()
-                if published < self._batch_size:
+                if claimed < self._batch_size:
                     listener = await self._wait_for_work(listener, stop)
         finally:
+            if marking is not None:
+                if stop.is_set():
+                    await self._outcome(marking)
+                else:
+                    marking.cancel()
+                    await asyncio.wait({marking})
             if listener is not None:
                 await listener.close()
+
+    async def _overlapping_pass(
+        self, marking: asyncio.Task[int] | None
+    ) -> tuple[int, asyncio.Task[int] | None]:
+        """Start a pass; return once its events are acknowledged (how many, and the task still marking
+        them) or it has ended (how many it published, and None). The previous pass's marking task is
+        awaited first, so at most two passes overlap."""
+        acknowledged: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+        def on_acknowledged(count: int) -> None:
+            if not acknowledged.done():
+                acknowledged.set_result(count)
+
+        current = asyncio.create_task(self._publish_pass(on_acknowledged), name="outbox-pass")
+        try:
+            await asyncio.wait({current, acknowledged}, return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:
+            current.cancel()
+            raise
+        if marking is not None:
+            await self._outcome(marking)
+        if current.done():
+            return await self._outcome(current), None
+        return acknowledged.result(), current
+
+    async def _outcome(self, task: asyncio.Task[int]) -> int:
+        """The events a finished (or finishing) pass published; its failure logged, counted as none."""
+        try:
+            published = await task
+        except Exception as error:  # the relay outlives a bus or database outage
+            log.warning(
+                "outbox publish failed; retrying",
+                extra={"outcome": "retry", "error": f"{type(error).__name__}: {error}"},
+            )
+            return 0
+        if published:
+            log.info("outbox published", extra={"count": published, "outcome": "published"})
+        return published
 
     async def _prune_now_and_then(self) -> None:
         now = asyncio.get_running_loop().time()

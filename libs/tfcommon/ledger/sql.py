@@ -8,10 +8,11 @@ This module does not publish to NATS and does not decide placement.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any, cast
@@ -416,34 +417,28 @@ class SqlLedger:
 
     async def active_holds(self) -> list[HoldRecord]:
         """The holds not yet claimed, expired or released, oldest first (one indexed query)."""
-        hold = tables.allocation_hold.c
-        allocation = tables.allocation.c
-        query = (
-            select(
-                tables.allocation,
-                hold.pool_name.label("hold_pool"),
-                hold.workload_namespace.label("hold_namespace"),
-                hold.workload_name.label("hold_name"),
-                hold.owner_uid.label("hold_owner_uid"),
-                hold.expires_at.label("hold_expires_at"),
-            )
-            .join(tables.allocation_hold, hold.allocation_id == allocation.allocation_id)
-            .where(hold.claimed_at.is_(None), hold.expires_at > self._clock(), allocation.state != "released")
-            .order_by(hold.created_at, allocation.id)
-        )
         async with self.engine.connect() as connection:
-            rows = (await connection.execute(query)).all()
-        held_for = {
-            row.allocation_id: HoldFor(
-                pool=row.hold_pool,
-                namespace=row.hold_namespace,
-                name=row.hold_name,
-                owner_uid=row.hold_owner_uid,
-                expires_at=row.hold_expires_at,
-            )
-            for row in rows
-        }
-        return [HoldRecord(record, held_for[record.allocation_id]) for record in _allocation_records(rows)]
+            return await _active_holds(connection, self._clock())
+
+    @contextlib.asynccontextmanager
+    async def transaction(self) -> AsyncIterator[LedgerTransaction]:
+        """One transaction the caller fills with its own statements, the holds read and one batch of
+        pipelined reservations; it commits when the block ends without an error (one commit, one
+        fsync, for the caller's record and the reservations together).
+
+        Raises `BatchAbandonedError`, after rolling everything back, when the batch cannot finish as one
+        transaction: another writer reserved the same allocation id at the same moment, or Postgres
+        aborted the transaction to break a deadlock. The caller redoes its batch with
+        `reserve_many()`, which handles both.
+        """
+        try:
+            async with self.engine.begin() as connection:
+                yield LedgerTransaction(connection, self._clock)
+        except DBAPIError as error:
+            if _sqlstate(error) not in RETRYABLE_SQLSTATES:
+                raise
+            record_ledger_retry("reserve")
+            raise BatchAbandonedError(f"the transaction was aborted to break a deadlock: {error}") from error
 
     async def claim_hold(self, hold_id: UUID, request: ReservationRequest) -> ReservationResult | None:
         """Swap the hold for `request` (its replacement's allocation, committed) in one transaction:
@@ -580,6 +575,71 @@ stale its view."""
 
 _RESERVE_QUERY = re.sub(r"(?<![:\w]):(\w+)", r"%(\1)s", _RESERVE_STATEMENT.text)
 """`_RESERVE_STATEMENT` in psycopg's parameter style, for pipeline mode."""
+
+
+class BatchAbandonedError(Exception):
+    """`SqlLedger.transaction()` rolled its batch back; redo it with `reserve_many()`."""
+
+
+class LedgerTransaction:
+    """The contract of an open `SqlLedger.transaction()`: `connection` for the caller's own statements
+    (they commit with the reservations or not at all), the holds as this transaction sees them, and
+    `reserve_many()` sent in one round trip. Results are final only once the block has committed."""
+
+    def __init__(self, connection: AsyncConnection, clock: Clock) -> None:
+        self.connection = connection
+        self._clock = clock
+
+    async def active_holds(self) -> list[HoldRecord]:
+        """`SqlLedger.active_holds()`, read in this transaction."""
+        return await _active_holds(self.connection, self._clock())
+
+    async def reserve_many(
+        self,
+        requests: Sequence[ReservationRequest],
+        *,
+        commit: bool = False,
+        then: Executable | None = None,
+    ) -> list[ReservationResult]:
+        """`SqlLedger.reserve_many()` within this transaction, pipelined. A racing writer that took part
+        of a reservation raises `BatchAbandonedError` (the whole transaction rolls back)."""
+        try:
+            results = await _reserve_pipelined(self.connection, requests, self._clock(), commit)
+        except (_PartialReservationError, IntegrityError) as error:
+            raise BatchAbandonedError(f"a racing writer took part of a reservation: {error}") from error
+        if then is not None:
+            await self.connection.execute(then)
+        return results
+
+
+async def _active_holds(connection: AsyncConnection, now: datetime) -> list[HoldRecord]:
+    hold = tables.allocation_hold.c
+    allocation = tables.allocation.c
+    query = (
+        select(
+            tables.allocation,
+            hold.pool_name.label("hold_pool"),
+            hold.workload_namespace.label("hold_namespace"),
+            hold.workload_name.label("hold_name"),
+            hold.owner_uid.label("hold_owner_uid"),
+            hold.expires_at.label("hold_expires_at"),
+        )
+        .join(tables.allocation_hold, hold.allocation_id == allocation.allocation_id)
+        .where(hold.claimed_at.is_(None), hold.expires_at > now, allocation.state != "released")
+        .order_by(hold.created_at, allocation.id)
+    )
+    rows = (await connection.execute(query)).all()
+    held_for = {
+        row.allocation_id: HoldFor(
+            pool=row.hold_pool,
+            namespace=row.hold_namespace,
+            name=row.hold_name,
+            owner_uid=row.hold_owner_uid,
+            expires_at=row.hold_expires_at,
+        )
+        for row in rows
+    }
+    return [HoldRecord(record, held_for[record.allocation_id]) for record in _allocation_records(rows)]
 
 
 class _PartialReservationError(Exception):

@@ -9,7 +9,7 @@ thousandths of a GPU. Pure functions; memoization lives in the callers.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from tfcommon.placement.model import WHOLE_GPU_SHARE, Isolation, Node, PlacementRequest
@@ -60,6 +60,18 @@ class TargetWorkload:
         memories: dict[WorkloadClass, list[int]] = {}
         for request in requests:
             memories.setdefault(WorkloadClass.of(request), []).append(request.memory_bytes)
+        return cls.from_classes(memories, coverage, with_memory=with_memory)
+
+    @classmethod
+    def from_classes(
+        cls,
+        memories: Mapping[WorkloadClass, Sequence[int]],
+        coverage: float = 0.95,
+        *,
+        with_memory: bool = False,
+    ) -> TargetWorkload:
+        """`from_requests` for requests already sorted into classes: each class with the memory of each
+        of its requests (a caller that keeps a sliding window of requests keeps this up to date)."""
         total = sum(len(values) for values in memories.values())
         if total == 0:
             return cls(())

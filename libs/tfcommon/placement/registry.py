@@ -6,7 +6,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,7 +27,7 @@ from tfcommon.placement.filters import (
     SharedTakesIdleGpu,
     ToleratesTaints,
 )
-from tfcommon.placement.fragmentation import TargetWorkload
+from tfcommon.placement.fragmentation import TargetWorkload, WorkloadClass
 from tfcommon.placement.framework import GpuFilter, NodeFilter, Profile, ScorePlugin
 from tfcommon.placement.gradient import FragmentationGradient
 from tfcommon.placement.model import WHOLE_GPU_SHARE, PlacementRequest
@@ -69,6 +69,17 @@ class PluginArgs:
         return cls(
             target=TargetWorkload.from_requests(kept),
             memory_target=TargetWorkload.from_requests(kept, with_memory=True),
+            **fields,
+        )
+
+    @classmethod
+    def learned_from_classes(
+        cls, memories: Mapping[WorkloadClass, Sequence[int]], **fields: Any
+    ) -> PluginArgs:
+        """`learned_from` for requests already sorted into classes (`TargetWorkload.from_classes`)."""
+        return cls(
+            target=TargetWorkload.from_classes(memories),
+            memory_target=TargetWorkload.from_classes(memories, with_memory=True),
             **fields,
         )
 

@@ -129,3 +129,88 @@ async def test_the_stream_stores_a_relayed_batch_in_the_order_the_ledger_wrote_i
     finally:
         await subscription.unsubscribe()
     assert stored == written
+
+
+class RecordingPublisher:
+    """Publishes through the real bus and remembers which events were sent, waking whoever waits."""
+
+    def __init__(self, bus: NatsEventBus) -> None:
+        self.bus = bus
+        self.sent: list[str] = []
+        self.changed = asyncio.Event()
+
+    async def publish_raw(
+        self,
+        subject: str,
+        payload: bytes,
+        *,
+        event_id: str,
+        event_type: str,
+        occurred_at: datetime,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        await self.bus.publish_raw(
+            subject,
+            payload,
+            event_id=event_id,
+            event_type=event_type,
+            occurred_at=occurred_at,
+            headers=headers,
+        )
+        self.sent.append(event_id)
+        self.changed.set()
+
+    async def until_sent(self, event_ids: list[str]) -> None:
+        while not set(event_ids) <= set(self.sent):
+            self.changed.clear()
+            await asyncio.wait_for(self.changed.wait(), DEADLINE_S)
+
+
+async def test_an_event_written_while_the_last_pass_marks_is_published_without_waiting_for_the_mark(
+    ledger: SqlLedger, bus: NatsEventBus
+) -> None:
+    """The relay's next pass starts once the last pass's events are acknowledged; marking them (its
+    rows stay locked) runs meanwhile. Here the mark of the first event is held up by a lock the test
+    holds: the second event still goes out, and both end up marked once the lock is let go."""
+    await OutboxRelay(ledger, bus, batch_size=1000).publish_pending()
+    await reserved_in_one_batch(ledger, 1)
+    [first] = await pending_event_ids(ledger)
+    lock_key = 424242
+    async with ledger.engine.begin() as connection:
+        await connection.exec_driver_sql(
+            f"""CREATE FUNCTION hold_up_outbox_mark() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN PERFORM pg_advisory_xact_lock({lock_key}); RETURN NEW; END $$"""
+        )
+        await connection.exec_driver_sql(
+            f"CREATE TRIGGER hold_up_outbox_mark BEFORE UPDATE ON outbox FOR EACH ROW "
+            f"WHEN (OLD.event_id = '{first}') EXECUTE FUNCTION hold_up_outbox_mark()"
+        )
+    publisher = RecordingPublisher(bus)
+    relay = OutboxRelay(ledger, publisher, batch_size=1000)
+    stop = asyncio.Event()
+    holder = await ledger.engine.connect()
+    running = None
+    try:
+        await holder.exec_driver_sql(f"SELECT pg_advisory_lock({lock_key})")
+        running = asyncio.create_task(relay.run(stop))
+        await publisher.until_sent([first])
+        await reserved_in_one_batch(ledger, 1)
+        [_, second] = await pending_event_ids(ledger)
+
+        await publisher.until_sent([second])
+
+        assert first in await pending_event_ids(ledger), "the first pass is still marking"
+        await holder.exec_driver_sql(f"SELECT pg_advisory_unlock({lock_key})")
+        await holder.commit()
+        stop.set()
+        await asyncio.wait_for(running, DEADLINE_S)
+    finally:
+        await holder.close()
+        if running is not None and not running.done():
+            running.cancel()
+            await asyncio.wait({running})
+        async with ledger.engine.begin() as connection:
+            await connection.exec_driver_sql("DROP TRIGGER hold_up_outbox_mark ON outbox")
+            await connection.exec_driver_sql("DROP FUNCTION hold_up_outbox_mark()")
+    assert publisher.sent == [first, second]
+    assert await pending_event_ids(ledger) == []
