@@ -450,16 +450,21 @@ class CampaignExecutor:
         await self.deps.store.hold_released(hold_id)
 
     async def release_expired_holds(self) -> int:
-        """Release capacity holds left by a crash once they expire; returns how many were released."""
-        released = 0
+        """Release capacity holds left by a crash once they expire; returns how many were released.
+
+        Both the holds the planner's moves record and those the ledger itself says expired: a crash
+        between reserving a hold and recording its move leaves a hold only the ledger knows."""
+        expired: set[UUID] = set()
         for move in await self.deps.store.unreleased_holds():
             if move.hold_allocation_id is None:
                 continue
             if move.hold_expires_at is None or move.hold_expires_at <= self._now():
-                await self.deps.ledger.release(move.hold_allocation_id, "defrag hold expired")
-                await self.deps.store.hold_released(move.hold_allocation_id)
-                released += 1
-        return released
+                expired.add(move.hold_allocation_id)
+        expired |= {hold.allocation.allocation_id for hold in await self.deps.ledger.expired_holds()}
+        for hold_id in sorted(expired):
+            await self.deps.ledger.release(hold_id, "defrag hold expired")
+            await self.deps.store.hold_released(hold_id)
+        return len(expired)
 
     async def _fail(self, campaign: CampaignRecord, node: str, reason: str, *, stranded: int = 0) -> None:
         await self._mark_node(node, markers.clear_source_markers())

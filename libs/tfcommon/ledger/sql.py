@@ -420,6 +420,12 @@ class SqlLedger:
         async with self.engine.connect() as connection:
             return await _active_holds(connection, self._clock())
 
+    async def expired_holds(self) -> list[HoldRecord]:
+        """The holds past their expiry that were neither claimed nor released: capacity nobody will
+        take, for the defrag planner's sweep to release (whatever its own records say)."""
+        async with self.engine.connect() as connection:
+            return await _active_holds(connection, self._clock(), expired=True)
+
     @contextlib.asynccontextmanager
     async def transaction(self) -> AsyncIterator[LedgerTransaction]:
         """One transaction the caller fills with its own statements, the holds read and one batch of
@@ -612,7 +618,9 @@ class LedgerTransaction:
         return results
 
 
-async def _active_holds(connection: AsyncConnection, now: datetime) -> list[HoldRecord]:
+async def _active_holds(
+    connection: AsyncConnection, now: datetime, *, expired: bool = False
+) -> list[HoldRecord]:
     hold = tables.allocation_hold.c
     allocation = tables.allocation.c
     query = (
@@ -625,7 +633,11 @@ async def _active_holds(connection: AsyncConnection, now: datetime) -> list[Hold
             hold.expires_at.label("hold_expires_at"),
         )
         .join(tables.allocation_hold, hold.allocation_id == allocation.allocation_id)
-        .where(hold.claimed_at.is_(None), hold.expires_at > now, allocation.state != "released")
+        .where(
+            hold.claimed_at.is_(None),
+            hold.expires_at <= now if expired else hold.expires_at > now,
+            allocation.state != "released",
+        )
         .order_by(hold.created_at, allocation.id)
     )
     rows = (await connection.execute(query)).all()

@@ -30,7 +30,14 @@ from tfcommon import subjects
 from tfcommon.bus import NatsEventBus
 from tfcommon.cluster.local import LocalCluster
 from tfcommon.events import GpuRequest, WorkloadRef
-from tfcommon.ledger.records import HoldFor, NodeSpec, ReservationRejected, ReservationRequest, ShareRequest
+from tfcommon.ledger.records import (
+    HoldFor,
+    NodeSpec,
+    ReservationRejected,
+    ReservationRequest,
+    Reserved,
+    ShareRequest,
+)
 from tfcommon.ledger.sql import SqlLedger
 from tfdefrag.campaign import HOLD_WORKLOAD_NAMESPACE
 from tfdefrag.store import CampaignStore
@@ -261,3 +268,53 @@ async def test_a_hold_is_not_claimed_by_a_workload_asking_for_more_or_after_it_e
     assert await ledger.claim_hold(expired_id, request(uuid4(), "w8", QUARTER)) is None
     assert [h.allocation.allocation_id for h in await ledger.active_holds()] == [hold_id]
     assert [h.kind for h in await ledger.history(expired_id)] == ["opened"]
+
+
+async def test_an_expired_hold_no_move_recorded_is_released_by_the_sweep(ledger: SqlLedger) -> None:
+    """A planner that crashed between reserving a hold and recording its move leaves a hold only the
+    ledger knows; the expiry sweep releases it all the same (and leaves an unexpired one alone)."""
+    scenario, _seed = await tight_scenario(ledger)
+    gpu = f"gpu-{scenario.target}-0"
+
+    async def hold(name: str, expires_in: timedelta) -> UUID:
+        hold_id = uuid4()
+        result = await ledger.reserve_hold(
+            ReservationRequest(
+                allocation_id=hold_id,
+                workload=WorkloadRef(
+                    namespace=HOLD_WORKLOAD_NAMESPACE, name=f"hold-{name}", uid=str(hold_id)
+                ),
+                pool=scenario.pool,
+                node=scenario.target,
+                shares=(ShareRequest(gpu_uuid=gpu, tflops_milli=QUARTER * TFLOPS // 2000, vram_bytes=GIB),),
+            ),
+            HoldFor(
+                pool=scenario.pool,
+                namespace=scenario.namespace,
+                name=name,
+                owner_uid=None,
+                expires_at=datetime.now(UTC) + expires_in,
+            ),
+        )
+        assert isinstance(result, Reserved)
+        return hold_id
+
+    await scenario.executor().release_expired_holds()  # those other tests in this database left
+    orphan = await hold("w1", timedelta(seconds=-1))
+    kept = await hold("w2", timedelta(minutes=5))
+    assert await scenario.store.unreleased_holds() == [], "no move records either hold"
+
+    released = await scenario.executor().release_expired_holds()
+
+    assert released == 1
+    orphaned = await ledger.get_allocation(orphan)
+    assert orphaned is not None
+    assert (orphaned.state, orphaned.release_reason) == ("released", "defrag hold expired")
+    still_held = await ledger.get_allocation(kept)
+    assert still_held is not None
+    assert still_held.state != "released"
+    ours = [
+        h.allocation.allocation_id for h in await ledger.active_holds() if h.held_for.pool == scenario.pool
+    ]
+    assert ours == [kept]
+    assert await ledger.expired_holds() == []
