@@ -823,9 +823,11 @@ class Scheduler:
         return asyncio.get_running_loop().time() - self._last_full_refresh >= MIN_FULL_REFRESH_INTERVAL_S
 
     def _candidates(self, below: Priority) -> list[Candidate]:
+        """The allocations a workload of priority `below` may preempt: lower priority, not a defrag
+        hold (capacity kept for a pod in flight, with no pod to evict)."""
         candidates = []
         for active in self.active.values():
-            if active.priority >= below:
+            if active.priority >= below or active.record.allocation_id in self.holds:
                 continue
             node = self.view.nodes.get(active.record.node)
             if node is None:

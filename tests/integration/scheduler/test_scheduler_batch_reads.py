@@ -125,3 +125,38 @@ async def test_a_batch_the_ledger_abandons_is_recorded_and_placed_in_two_steps(
     assert {workload.state for workload in stored.values()} == {"placed"}
     used = [gpu.used_tflops_milli for gpu in await ledger.list_gpus() if gpu.node == "gpu-node-abandon"]
     assert sum(used) == 40_000, "each workload's capacity taken once"
+
+
+async def test_a_defrag_hold_is_never_preempted(ledger: SqlLedger, bus: NatsEventBus) -> None:
+    """A hold keeps capacity for a pod in flight and has no pod of its own to evict: a critical
+    workload that fits nowhere else waits rather than take it."""
+    await register_named_node(ledger, "gpu-node-held", 1)
+    [gpu] = [g.uuid for g in await ledger.list_gpus() if g.node == "gpu-node-held"]
+    hold_id = uuid4()
+    held = await ledger.reserve_hold(
+        ReservationRequest(
+            allocation_id=hold_id,
+            workload=WorkloadRef(namespace="tfpool-defrag", name="hold-team-b-job", uid=str(hold_id)),
+            pool="default",
+            node="gpu-node-held",
+            shares=(ShareRequest(gpu_uuid=gpu, tflops_milli=100_000, vram_bytes=80 * GIB),),
+            qos="low",
+        ),
+        HoldFor(
+            pool="default",
+            namespace="team-b",
+            name="job",
+            owner_uid=None,
+            expires_at=datetime.now(UTC) + timedelta(minutes=10),
+        ),
+    )
+    assert isinstance(held, Reserved)
+    scheduler = Scheduler(ledger, bus, heartbeat_timeout=timedelta(hours=1))
+    await scheduler.start()
+
+    urgent = await scheduler.submit(a_submission(tflops_milli=50_000, vram_bytes=8 * GIB, qos="critical"))
+
+    assert urgent.state == "pending"
+    hold = await ledger.get_allocation(hold_id)
+    assert hold is not None
+    assert hold.state != "released"
