@@ -220,7 +220,7 @@ def device_plugin_task(
 ) -> BackgroundTask:
     """The kubelet device plugins, answering `Allocate` from this node's pods in the Kubernetes API."""
     settings = context.settings
-    cluster = KubernetesCluster.from_environment()
+    cluster = KubernetesCluster.from_environment(kubeconfig=_path(settings.agent_kubeconfig))
     context.cleanup.callback(cluster.close)
 
     def gpu_capacity_milli() -> dict[str, int]:
