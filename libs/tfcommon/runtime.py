@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import signal
 import ssl
@@ -123,6 +124,16 @@ class ServiceContext(Generic[SettingsT]):
     stopping: asyncio.Event
     cleanup: AsyncExitStack
     ssl_context: ssl.SSLContext | None
+
+
+def freeze_startup_heap() -> None:
+    """Take what start-up allocated (modules, config, clients, a scheduler's view) out of the garbage
+    collector's view: a full collection then scans only what was allocated since, instead of
+    stalling the work in flight for a pass over every start-up object (100-250 ms measured under
+    load in the webhook and the scheduler). Objects frozen are still freed when their last reference
+    goes; only a reference cycle among them would outlive its use. Call once start-up is done."""
+    gc.collect()
+    gc.freeze()
 
 
 async def no_components(context: ServiceContext[Any]) -> Components:

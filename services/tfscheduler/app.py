@@ -32,7 +32,7 @@ from tfcommon.config import load_config
 from tfcommon.consumer import run_pull_consumer
 from tfcommon.events import AllocationReleased, Message, WorkloadSubmitted
 from tfcommon.ledger.outbox import OutboxRelay
-from tfcommon.runtime import Components, ServiceContext, ServiceSpec, run_service
+from tfcommon.runtime import Components, ServiceContext, ServiceSpec, freeze_startup_heap, run_service
 from tfcommon.settings import SchedulerKubernetesSettings, SchedulerSettings
 
 from tfscheduler.api import build_router
@@ -190,6 +190,7 @@ async def compose(context: ServiceContext[SchedulerSettings]) -> Components:
     if options.run_outbox_relay:
         relay = OutboxRelay(context.ledger, context.bus)
         tasks["outbox-relay"] = lambda: relay.run(stop)
+    freeze_startup_heap()
     return Components(routers=routers, tasks=tasks)
 
 

@@ -37,6 +37,7 @@ from tfcommon.ledger.migrate import upgrade_head
 from tfcommon.ledger.outbox import OutboxRelay
 from tfcommon.ledger.records import ReservationRequest, ShareRequest
 from tfcommon.ledger.sql import SqlLedger
+from tfcommon.runtime import freeze_startup_heap
 
 from tfscheduler.engine import Scheduler
 from tfscheduler.submission import Submission
@@ -281,6 +282,7 @@ async def _measure(
             ledger, bus, heartbeat_timeout=SIMULATED_NODES_SILENT_FOR, name="scheduler-bench"
         )
         await scheduler.start()
+        freeze_startup_heap()  # as the service does once composed
         relay = OutboxRelay(ledger, bus, batch_size=500)
         relay_task = asyncio.create_task(relay.run(stop))
         try:

@@ -5,9 +5,9 @@ publishes them in order (all sent before the first JetStream ack is awaited, so 
 round trip), then marks the acknowledged ones published in the same transaction; `run()` starts the
 next pass as soon as a pass's acks are in, while that pass still marks (its rows stay locked). A
 crash before the publish leaves the rows unclaimed for the next relay; a crash after the publish but
-before the mark republishes them, and JetStream drops the repeat because the `Nats-Msg-Id` is the event id (within the
-stream's duplicate window, 2 minutes by default). The relay wakes on Postgres NOTIFY `tf_outbox` (sent
-by a trigger on every insert) and polls as a fallback.
+before the mark republishes them, and JetStream drops the repeat because the `Nats-Msg-Id` is the
+event id (within the stream's duplicate window, 2 minutes by default). The relay wakes on Postgres
+NOTIFY `tf_outbox` (sent by a trigger on every insert) and polls as a fallback.
 
 Run it on its own with `python -m tfcommon.ledger.outbox --database-url URL --nats-url URL`. On a
 secured NATS (deploy/nats/nats.conf) it connects as the `scheduler` user, whose events it publishes:
