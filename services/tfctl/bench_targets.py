@@ -47,7 +47,7 @@ def trace_files(traces: Path, trace: str) -> tuple[Path, Path]:
 def run_webhook(
     requests: int = 2000,
     clients: Sequence[int] = (10, 100),
-    rounds: int = 3,
+    rounds: int = 5,
     progress: Progress | None = None,
 ) -> dict[str, Any]:
     """The admission benchmark: webhook against a bare endpoint, at each client count."""

@@ -4,9 +4,11 @@
 uvicorn worker with the same TLS certificate: the real admission route (config, core, patch, an
 in-memory event bus and pod-index counter; no ledger, since the benchmark pod has no
 `enabled-replicas`), served as the runtime serves it (the route ahead of FastAPI), and a bare ASGI
-endpoint returning the same AdmissionReview bytes. It then drives both, in the same run and in turn,
-with 10 and 100 concurrent keep-alive clients, and returns a dict of requests per second, p50/p99 in
-milliseconds and the throughput ratio. `python -m tfwebhook.bench` prints that dict as JSON.
+endpoint returning the same AdmissionReview bytes. Both processes get the same server settings and the
+same frozen start-up heap. It then drives both with the same client, 10 and 100 concurrent keep-alive
+clients, in rounds whose short chunks alternate between the two servers, and returns a dict of requests
+per second, p50/p99 in milliseconds, each server's CPU time per request and the throughput ratio.
+`python -m tfwebhook.bench` prints that dict as JSON.
 """
 
 from __future__ import annotations
@@ -18,11 +20,13 @@ import os
 import signal
 import socket
 import ssl
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping, Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -31,16 +35,18 @@ import uvicorn
 from starlette.types import ASGIApp
 from tfcommon.config import ConfigSource
 from tfcommon.events import Message, encode
-from tfcommon.runtime import build_app, with_front_routes
+from tfcommon.runtime import build_app, freeze_startup_heap, with_front_routes
 from tfcommon.tls import generate_self_signed
 
-from tfwebhook.app import freeze_startup_heap
 from tfwebhook.http import AdmissionService, build_router, front_routes
 from tfwebhook.testing import a_gpu_container, a_pod, a_review
 
 GOAL_RATIO = 0.7
 GOAL_P99_MS_AT_10 = 10.0
 START_TIMEOUT_S = 30.0
+WARM_UP_PER_CLIENT = 5
+CHUNK_PER_CLIENT = 5
+MIN_CHUNKS = 10
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -102,8 +108,7 @@ def bare_app(body: bytes) -> Callable[[Scope, Receive, Send], Awaitable[None]]:
 
 def _serve(kind: str, port: int, cert: Path, key: Path, body_file: Path) -> None:
     app: Any = webhook_app() if kind == "webhook" else bare_app(body_file.read_bytes())
-    if kind == "webhook":
-        freeze_startup_heap()  # as the service's composition does
+    freeze_startup_heap()  # as the service's composition does; the bare endpoint too, for fairness
     uvicorn.run(
         app,
         host="127.0.0.1",
@@ -154,56 +159,123 @@ def _percentile(sorted_values: Sequence[float], fraction: float) -> float:
     return sorted_values[index]
 
 
-async def _keep_alive_client(
-    host: str, port: int, trust: ssl.SSLContext, request: bytes, count: int, latencies: list[float]
-) -> None:
-    """One client on one keep-alive connection; a raw HTTP/1.1 loop keeps the load generator light."""
-    reader, writer = await asyncio.open_connection(host, port, ssl=trust, server_hostname=host)
+def _cpu_seconds(pid: int) -> float | None:
+    """User and system CPU time of process `pid` so far (Linux `/proc`); None where unavailable."""
     try:
-        for _ in range(count):
-            started = time.perf_counter()
-            writer.write(request)
-            head = await reader.readuntil(b"\r\n\r\n")
-            status_line, *header_lines = head.decode("latin-1").split("\r\n")
-            length = next(
-                int(line.split(":", 1)[1])
-                for line in header_lines
-                if line.lower().startswith("content-length:")
-            )
-            await reader.readexactly(length)
-            latencies.append(time.perf_counter() - started)
-            if " 200 " not in status_line:
-                raise RuntimeError(f"{host}:{port}: {status_line}")
-    finally:
-        writer.close()
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def _drive(
-    port: int, trust: ssl.SSLContext, body: bytes, clients: int, requests: int
-) -> dict[str, float]:
+async def _exchange(
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    request: bytes,
+    count: int,
+    latencies: list[float],
+) -> None:
+    """`count` requests in turn on one keep-alive connection; a raw HTTP/1.1 loop keeps the load
+    generator light."""
+    for _ in range(count):
+        started = time.perf_counter()
+        writer.write(request)
+        head = await reader.readuntil(b"\r\n\r\n")
+        status_line, *header_lines = head.decode("latin-1").split("\r\n")
+        length = next(
+            int(line.split(":", 1)[1]) for line in header_lines if line.lower().startswith("content-length:")
+        )
+        await reader.readexactly(length)
+        latencies.append(time.perf_counter() - started)
+        if " 200 " not in status_line:
+            raise RuntimeError(f"{status_line} from the benchmark server")
+
+
+@dataclass
+class _Server:
+    """One benchmark server as a round drives it: its open connections and what was measured so far."""
+
+    port: int
+    pid: int
+    connections: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = field(default_factory=list)
+    latencies: list[float] = field(default_factory=list)
+    elapsed_s: float = 0.0
+    cpu_s: float | None = 0.0
+
+    def measured(self) -> dict[str, float]:
+        ordered = sorted(self.latencies)
+        figures = {
+            "requests_per_s": round(len(ordered) / self.elapsed_s, 1),
+            "p50_ms": round(_percentile(ordered, 0.50) * 1000, 2),
+            "p99_ms": round(_percentile(ordered, 0.99) * 1000, 2),
+        }
+        if self.cpu_s is not None:
+            figures["server_cpu_us_per_request"] = round(self.cpu_s / len(ordered) * 1e6, 1)
+        return figures
+
+
+async def _round(
+    servers: Mapping[str, _Server], trust: ssl.SSLContext, body: bytes, clients: int, requests: int
+) -> dict[str, dict[str, float]]:
+    """One round: `requests` to each server among `clients` keep-alive connections, in chunks that
+    alternate between the servers, so both see the same background load.
+
+    Connections are opened and warmed up first: the TLS handshakes stay out of the timed chunks.
+    """
     host = "127.0.0.1"
-    request = (
+    try:
+        for server in servers.values():
+            server.connections = list(
+                await asyncio.gather(
+                    *(
+                        asyncio.open_connection(host, server.port, ssl=trust, server_hostname=host)
+                        for _ in range(clients)
+                    )
+                )
+            )
+        for server in servers.values():
+            warm: list[float] = []
+            await _chunk(server, _request(host, server.port, body), clients * WARM_UP_PER_CLIENT, warm)
+        chunk = max(CHUNK_PER_CLIENT * clients, requests // MIN_CHUNKS)
+        order = list(servers.values())
+        done = 0
+        while done < requests:
+            size = min(chunk, requests - done)
+            for server in order:
+                cpu_before = _cpu_seconds(server.pid)
+                started = time.perf_counter()
+                await _chunk(server, _request(host, server.port, body), size, server.latencies)
+                server.elapsed_s += time.perf_counter() - started
+                cpu_after = _cpu_seconds(server.pid)
+                if cpu_before is None or cpu_after is None or server.cpu_s is None:
+                    server.cpu_s = None
+                else:
+                    server.cpu_s += cpu_after - cpu_before
+            order.reverse()
+            done += size
+    finally:
+        for server in servers.values():
+            for _, writer in server.connections:
+                writer.close()
+    return {kind: server.measured() for kind, server in servers.items()}
+
+
+def _request(host: str, port: int, body: bytes) -> bytes:
+    return (
         f"POST /mutate-v1-pod HTTP/1.1\r\nhost: {host}:{port}\r\ncontent-type: application/json\r\n"
         f"content-length: {len(body)}\r\n\r\n"
     ).encode() + body
-    warm: list[float] = []
-    await asyncio.gather(*(_keep_alive_client(host, port, trust, request, 2, warm) for _ in range(clients)))
-    latencies: list[float] = []
-    per_client, extra = divmod(requests, clients)
-    started = time.perf_counter()
+
+
+async def _chunk(server: _Server, request: bytes, requests: int, latencies: list[float]) -> None:
+    """`requests` spread over the server's connections, each connection sending its share in turn."""
+    per_connection, extra = divmod(requests, len(server.connections))
     await asyncio.gather(
         *(
-            _keep_alive_client(host, port, trust, request, per_client + (index < extra), latencies)
-            for index in range(clients)
+            _exchange(reader, writer, request, per_connection + (index < extra), latencies)
+            for index, (reader, writer) in enumerate(server.connections)
         )
     )
-    elapsed = time.perf_counter() - started
-    ordered = sorted(latencies)
-    return {
-        "requests_per_s": round(len(ordered) / elapsed, 1),
-        "p50_ms": round(_percentile(ordered, 0.50) * 1000, 2),
-        "p99_ms": round(_percentile(ordered, 0.99) * 1000, 2),
-    }
 
 
 def _core_microseconds(body: bytes, *, cached: bool, rounds: int = 2000) -> float:
@@ -223,12 +295,18 @@ def _core_microseconds(body: bytes, *, cached: bool, rounds: int = 2000) -> floa
 
 
 def run_admission_benchmark(
-    requests: int = 2000, concurrency: Sequence[int] = (10, 100), rounds: int = 3
+    requests: int = 2000, concurrency: Sequence[int] = (10, 100), rounds: int = 5
 ) -> dict[str, Any]:
     """Measure the webhook against a bare uvicorn endpoint returning the same AdmissionReview.
 
-    Each server is driven `rounds` times per concurrency level, alternating; the median run (by
-    throughput) is reported, which damps other load on the machine.
+    Each round sends `requests` requests to each server in chunks that alternate between them (at
+    least 5 requests per client a chunk), and its ratio is the webhook's throughput over the bare
+    endpoint's: both ran under the same background load. Per concurrency level the round with the
+    median ratio gives `requests_per_s` (the upper one for an even count), with every round's ratio in
+    `ratio_per_round`; `p50_ms` and `p99_ms` are medians over the rounds, so one round that a burst of
+    other work on the machine stalled does not decide the tail figure.
+    `server_cpu_us_per_request` is each server's CPU time per request (median over the rounds; Linux
+    only), the cost seen from the other side (other load on the machine moves it too).
 
     Returns `{"webhook": {"c10": {...}}, "bare": {...}, "ratio": {"c10": ...}, "goal": {...}, ...}` with
     `requests_per_s`, `p50_ms` and `p99_ms` per concurrency level.
@@ -248,15 +326,31 @@ def run_admission_benchmark(
         servers = {kind: _start(kind, port, cert, key, body_file) for kind, port in ports.items()}
         try:
             results: dict[str, dict[str, dict[str, float]]] = {"webhook": {}, "bare": {}}
+            ratio_per_round: dict[str, list[float]] = {}
+            server_cpu: dict[str, dict[str, float]] = {}
             for clients in concurrency:
-                runs: dict[str, list[dict[str, float]]] = {kind: [] for kind in ports}
-                for _ in range(rounds):  # alternate, so both see the same background load
-                    for kind, port in ports.items():
-                        runs[kind].append(asyncio.run(_drive(port, trust, body, clients, requests)))
-                for kind, measured in runs.items():
-                    results[kind][f"c{clients}"] = sorted(measured, key=lambda run: run["requests_per_s"])[
-                        len(measured) // 2
-                    ]
+                runs: list[dict[str, dict[str, float]]] = []
+                for round_index in range(rounds):
+                    order = list(ports) if round_index % 2 == 0 else list(reversed(ports))
+                    driven = {kind: _Server(ports[kind], servers[kind].pid) for kind in order}
+                    runs.append(asyncio.run(_round(driven, trust, body, clients, requests)))
+                level = f"c{clients}"
+                ratios = [run["webhook"]["requests_per_s"] / run["bare"]["requests_per_s"] for run in runs]
+                median_round = runs[sorted(range(rounds), key=ratios.__getitem__)[rounds // 2]]
+                for kind in ports:
+                    results[kind][level] = {
+                        "requests_per_s": median_round[kind]["requests_per_s"],
+                        "p50_ms": round(statistics.median(run[kind]["p50_ms"] for run in runs), 2),
+                        "p99_ms": round(statistics.median(run[kind]["p99_ms"] for run in runs), 2),
+                    }
+                ratio_per_round[level] = [round(ratio, 3) for ratio in ratios]
+                cpu = {
+                    kind: [run[kind]["server_cpu_us_per_request"] for run in runs]
+                    for kind in ports
+                    if all("server_cpu_us_per_request" in run[kind] for run in runs)
+                }
+                if cpu:
+                    server_cpu[level] = {kind: sorted(values)[rounds // 2] for kind, values in cpu.items()}
         finally:
             for server in servers.values():
                 _stop(server)
@@ -279,6 +373,8 @@ def run_admission_benchmark(
         "webhook": results["webhook"],
         "bare": results["bare"],
         "ratio": ratio,
+        "ratio_per_round": ratio_per_round,
+        "server_cpu_us_per_request": server_cpu,
         "goal": {
             "ratio_at_least": GOAL_RATIO,
             "p99_ms_at_10_below": GOAL_P99_MS_AT_10,
@@ -299,7 +395,9 @@ def _expected_response(review: bytes) -> bytes:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tfwebhook.bench", description=__doc__)
     parser.add_argument("--requests", type=int, default=2000, help="requests per run")
-    parser.add_argument("--rounds", type=int, default=3, help="runs per server and concurrency level")
+    parser.add_argument(
+        "--rounds", type=int, default=5, help="rounds per concurrency level, each running both servers"
+    )
     parser.add_argument("--serve", choices=["webhook", "bare"], help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--cert", type=Path, help=argparse.SUPPRESS)

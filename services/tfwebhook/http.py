@@ -3,16 +3,18 @@
 The route reads the raw AdmissionReview, asks the pure core (`tfwebhook.core`) for a verdict, settles
 `enabled-replicas` with the ledger (a dry run only looks, never claims), gives a pod taken over its
 device-plugin index (a dry run only previews the next one), answers, and queues `PodAdmitted` for each
-GPU pod it mutates (never for a dry run). Events leave through one background publisher in batches,
-off the request path, and are retried until JetStream stores them; the event id derives from the
-request UID, so a republished or re-admitted event is deduplicated by JetStream. The outbox lives in
-memory: it is flushed on shutdown, but a crash loses what it holds. A malformed review gets HTTP 400;
-an unexpected failure gets an allowed=false review naming the cause, never an HTTP 500.
+GPU pod it mutates (never for a dry run). Events leave off the request path through long-lived
+publisher tasks (`PodAdmittedOutbox`), up to 64 publishes awaiting their acknowledgements at once, and
+are retried until JetStream stores them; the event id derives from the request UID, so a republished
+or re-admitted event is deduplicated by JetStream. The outbox lives in memory: it is flushed on
+shutdown, but a crash loses what it holds. A malformed review gets HTTP 400; an unexpected failure
+gets an allowed=false review naming the cause, never an HTTP 500.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import os
 import ssl
@@ -51,7 +53,7 @@ from tfwebhook.core.review import (
 from tfwebhook.pod_index import CyclingPodIndices, PodIndices
 
 MUTATE_PATH = "/mutate-v1-pod"
-PUBLISH_BATCH = 64
+PUBLISH_CONCURRENCY = 64
 EVENT_NAMESPACE = uuid.UUID("5d7e5e2c-4f5b-4a59-9a59-7466706f6f6c")
 log = logging.getLogger("tfwebhook.http")
 
@@ -167,18 +169,31 @@ class AdmissionService:
     outbox_limit: int = 10_000
     retry_backoff_s: float = 0.05
     retry_backoff_max_s: float = 2.0
-    dropped_events: int = 0
     _verdicts: VerdictCache = field(init=False)
-    _outbox: deque[tuple[str, datetime, Admitted]] = field(default_factory=deque)
-    _publisher: asyncio.Task[None] | None = None
+    _outbox: PodAdmittedOutbox | None = field(init=False)
 
     def __post_init__(self) -> None:
         self._verdicts = VerdictCache(self.verdict_cache_size)
+        self._outbox = (
+            None
+            if self.bus is None
+            else PodAdmittedOutbox(
+                self.bus,
+                limit=self.outbox_limit,
+                retry_backoff_s=self.retry_backoff_s,
+                retry_backoff_max_s=self.retry_backoff_max_s,
+            )
+        )
 
     @property
     def pending_events(self) -> int:
         """`PodAdmitted` events answered for but not yet stored by JetStream."""
-        return len(self._outbox)
+        return 0 if self._outbox is None else self._outbox.pending
+
+    @property
+    def dropped_events(self) -> int:
+        """`PodAdmitted` events dropped because the outbox was full (JetStream unreachable too long)."""
+        return 0 if self._outbox is None else self._outbox.dropped
 
     async def review(self, body: bytes) -> tuple[int, bytes]:
         """HTTP status and AdmissionReview body for one request body."""
@@ -221,96 +236,203 @@ class AdmissionService:
         if verdict.awaiting_pod_index is not None:
             index = await (self.pod_indices.preview() if request.dry_run else self.pod_indices.take())
             verdict = self._verdicts.with_pod_index(verdict, index)
-        if not request.dry_run and verdict.is_gpu_pod:
-            self._publish(request.uid, verdict)
+        if not request.dry_run and verdict.is_gpu_pod and self._outbox is not None:
+            self._outbox.put((request.uid, self.clock(), verdict))
         return verdict
-
-    def _publish(self, uid: str, verdict: Admitted) -> None:
-        """Queue `PodAdmitted`; one publisher task sends the queue in batches off the request path."""
-        if self.bus is None:
-            return
-        if len(self._outbox) >= self.outbox_limit:
-            self._outbox.popleft()
-            self.dropped_events += 1
-            log.error(
-                "PodAdmitted outbox full (%d): the oldest event is dropped",
-                self.outbox_limit,
-                extra={"event": "webhook.publish_dropped"},
-            )
-        self._outbox.append((uid, self.clock(), verdict))
-        if self._publisher is None or self._publisher.done():
-            self._publisher = asyncio.get_running_loop().create_task(self._publish_queued(self.bus))
-
-    async def _publish_queued(self, bus: EventBus) -> None:
-        """Send the outbox until it is empty; a failed event goes back to the front and is retried.
-
-        When the outbox overflows while events wait for a retry, the oldest are dropped and counted.
-        """
-        backoff = self.retry_backoff_s
-        while self._outbox:
-            batch = [self._outbox.popleft() for _ in range(min(PUBLISH_BATCH, len(self._outbox)))]
-            try:
-                if len(batch) == 1:  # no task for a lone event: the common case under light load
-                    results: list[BaseException | None] = [
-                        await _settled(bus.publish(_pod_admitted(*batch[0])))
-                    ]
-                else:
-                    results = await asyncio.gather(
-                        *(bus.publish(_pod_admitted(*queued)) for queued in batch), return_exceptions=True
-                    )
-            except asyncio.CancelledError:
-                self._outbox.extendleft(reversed(batch))  # some may be stored: JetStream dedups them
-                raise
-            failed = [
-                queued
-                for queued, result in zip(batch, results, strict=True)
-                if isinstance(result, BaseException)
-            ]
-            if not failed:
-                backoff = self.retry_backoff_s
-                continue
-            log.warning(
-                "PodAdmitted not published, retrying %d: %s",
-                len(failed),
-                next(result for result in results if isinstance(result, BaseException)),
-                extra={"event": "webhook.publish_failed"},
-            )
-            room = max(0, self.outbox_limit - len(self._outbox))
-            kept = failed[max(0, len(failed) - room) :]
-            self.dropped_events += len(failed) - len(kept)
-            self._outbox.extendleft(reversed(kept))
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, self.retry_backoff_max_s)
 
     async def drain(self, timeout_s: float = 10.0) -> None:
         """Publish every queued `PodAdmitted` (on shutdown), retrying for up to `timeout_s`.
 
         Events still unpublished at the deadline stay queued and are logged; a later `drain` retries them.
         """
-        if self._outbox and self.bus is not None and (self._publisher is None or self._publisher.done()):
-            self._publisher = asyncio.get_running_loop().create_task(self._publish_queued(self.bus))
-        publisher = self._publisher
-        if publisher is None:
+        if self._outbox is not None:
+            await self._outbox.drain(timeout_s)
+
+
+QueuedEvent = tuple[str, datetime, Admitted]
+"""A `PodAdmitted` to publish: the request UID (its event id derives from it), when, and the verdict."""
+
+
+class PodAdmittedOutbox:
+    """`PodAdmitted` events answered for but not yet stored by JetStream, and the tasks that publish them.
+
+    Up to `PUBLISH_CONCURRENCY` long-lived publisher tasks share the queue, each publishing one event at
+    a time, so that many acknowledgements are awaited together. `put` wakes an idle publisher (or
+    starts one); a publisher that takes an event while more wait checks on the next loop turn whether
+    it is still waiting for its acknowledgement, and then wakes publishers for the rest. A bus that
+    never waits (in memory) is thus served by one publisher, without a task per event or burst.
+
+    A failed event goes back to the front of the queue and publishing pauses, with a backoff from
+    `retry_backoff_s` doubling up to `retry_backoff_max_s` while failures go on. At `limit` queued
+    events the oldest is dropped and counted in `dropped`. Publishers run until `drain` stops them.
+    """
+
+    def __init__(
+        self, bus: EventBus, *, limit: int, retry_backoff_s: float, retry_backoff_max_s: float
+    ) -> None:
+        self.bus = bus
+        self.limit = limit
+        self.retry_backoff_s = retry_backoff_s
+        self.retry_backoff_max_s = retry_backoff_max_s
+        self.dropped = 0
+        self._queue: deque[QueuedEvent] = deque()
+        self._publishers: set[asyncio.Task[None]] = set()
+        self._idle: dict[asyncio.Task[None], asyncio.Future[None]] = {}
+        self._woken: set[asyncio.Task[None]] = set()
+        self._backlog_check_due = False
+        self._backoff_s = retry_backoff_s
+        self._paused_until = 0.0
+        self._quiet_waiters: list[asyncio.Future[None]] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    @property
+    def pending(self) -> int:
+        """Events not yet stored (queued, or waiting for a retry; not those in flight)."""
+        return len(self._queue)
+
+    def put(self, event: QueuedEvent) -> None:
+        """Queue `event` (dropping the oldest when full) and make sure a publisher will take it."""
+        if len(self._queue) >= self.limit:
+            self._queue.popleft()
+            self.dropped += 1
+            log.error(
+                "PodAdmitted outbox full (%d): the oldest event is dropped",
+                self.limit,
+                extra={"event": "webhook.publish_dropped"},
+            )
+        self._queue.append(event)
+        if not self._woken:
+            self._wake(1)
+
+    async def drain(self, timeout_s: float) -> None:
+        """Publish everything queued within `timeout_s` (logging what is left), then stop the publishers."""
+        loop = self._running_loop()
+        if self._queue:
+            self._wake(1)
+        if not self._publishers:
             return
-        try:
-            await asyncio.wait_for(asyncio.shield(publisher), timeout=timeout_s)
-        except TimeoutError:
+        timed_out = False
+        if not self._quiet():
+            quiet = loop.create_future()
+            self._quiet_waiters.append(quiet)
+            try:
+                await asyncio.wait_for(quiet, timeout=timeout_s)
+            except TimeoutError:
+                timed_out = True
+        publishers = list(self._publishers)
+        for publisher in publishers:
             publisher.cancel()
-            await asyncio.gather(publisher, return_exceptions=True)
+        await asyncio.gather(*publishers, return_exceptions=True)
+        if timed_out:
             log.error(
                 "%d PodAdmitted events not published before the drain deadline",
-                len(self._outbox),
+                len(self._queue),
                 extra={"event": "webhook.publish_lost"},
             )
 
+    def _quiet(self) -> bool:
+        return not self._queue and len(self._idle) == len(self._publishers)
 
-async def _settled(publishing: Awaitable[None]) -> BaseException | None:
-    """What `asyncio.gather(..., return_exceptions=True)` gives for one publish, without a task."""
-    try:
-        await publishing
-    except Exception as error:
-        return error
-    return None
+    def _wake(self, wanted: int) -> None:
+        """Have `wanted` more publishers take events: woken idle ones first, then new ones."""
+        loop = self._running_loop()
+        wanted -= len(self._woken)
+        while wanted > 0 and self._idle:
+            publisher, wakeup = self._idle.popitem()
+            wakeup.set_result(None)
+            self._woken.add(publisher)
+            wanted -= 1
+        while wanted > 0 and len(self._publishers) < PUBLISH_CONCURRENCY:
+            publisher = loop.create_task(self._publish_forever())
+            publisher.add_done_callback(self._forget)
+            self._publishers.add(publisher)
+            self._woken.add(publisher)
+            wanted -= 1
+
+    def _running_loop(self) -> asyncio.AbstractEventLoop:
+        """The running loop; publishers of an earlier loop (a test's, now closed) are forgotten."""
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:
+            self._loop = loop
+            self._publishers, self._idle, self._woken = set(), {}, set()
+            self._backlog_check_due = False
+            self._quiet_waiters = []
+        return loop
+
+    def _forget(self, publisher: asyncio.Task[None]) -> None:
+        self._publishers.discard(publisher)
+        self._woken.discard(publisher)
+        self._idle.pop(publisher, None)
+
+    def _check_backlog(self) -> None:
+        self._backlog_check_due = False
+        if self._queue:
+            self._wake(len(self._queue))
+
+    async def _publish_forever(self) -> None:
+        loop = asyncio.get_running_loop()
+        me = asyncio.current_task()
+        assert me is not None
+        self._woken.discard(me)
+        while True:
+            if not self._queue:
+                wakeup = self._idle[me] = loop.create_future()
+                if self._quiet_waiters and self._quiet():
+                    for waiter in self._quiet_waiters:
+                        if not waiter.done():
+                            waiter.set_result(None)
+                    self._quiet_waiters.clear()
+                try:
+                    await wakeup
+                finally:
+                    self._idle.pop(me, None)
+                    self._woken.discard(me)
+                continue
+            pause = self._paused_until - loop.time()
+            if pause > 0:
+                await asyncio.sleep(pause)
+                continue
+            event = self._queue.popleft()
+            if self._queue and not self._backlog_check_due:
+                self._backlog_check_due = True
+                loop.call_soon(self._check_backlog)
+            try:
+                admitted = _pod_admitted(*event)
+            except Exception as error:  # a poison event: retrying cannot help, so it is dropped and logged
+                self.dropped += 1
+                log.error(
+                    "PodAdmitted for request %s cannot be built, dropped: %s",
+                    event[0],
+                    error,
+                    extra={"event": "webhook.publish_dropped"},
+                )
+                continue
+            try:
+                await self.bus.publish(admitted)
+            except asyncio.CancelledError:
+                self._queue.appendleft(event)  # it may be stored already: JetStream dedups the retry
+                raise
+            except Exception as error:
+                self._retry(event, error, loop.time())
+            else:
+                self._backoff_s = self.retry_backoff_s
+
+    def _retry(self, event: QueuedEvent, error: Exception, now: float) -> None:
+        """Put a failed event back at the front (unless the queue is full) and pause publishing."""
+        if len(self._queue) < self.limit:
+            self._queue.appendleft(event)
+        else:
+            self.dropped += 1
+        if now < self._paused_until:
+            return  # already pausing after another publisher's failure
+        log.warning(
+            "PodAdmitted not published, retrying in %.2fs: %s",
+            self._backoff_s,
+            error,
+            extra={"event": "webhook.publish_failed"},
+        )
+        self._paused_until = now + self._backoff_s
+        self._backoff_s = min(self._backoff_s * 2, self.retry_backoff_max_s)
 
 
 def _has_namespace_selector(config: TfConfig) -> bool:
@@ -321,12 +443,24 @@ def _has_namespace_selector(config: TfConfig) -> bool:
     return any(rule is not None and rule.namespace_selector is not None for rule in rules)
 
 
+def event_id(uid: str) -> uuid.UUID:
+    """The `PodAdmitted` event id of admission request `uid`: `uuid.uuid5(EVENT_NAMESPACE, uid)`,
+    computed without `uuid.UUID`'s slower bytes-and-version constructor."""
+    digest = hashlib.sha1(_EVENT_NAMESPACE_BYTES + uid.encode(), usedforsecurity=False).digest()
+    return uuid.UUID(int=(int.from_bytes(digest[:16]) & _UUID_VERSION_MASK) | _UUID_VERSION_5)
+
+
+_EVENT_NAMESPACE_BYTES = EVENT_NAMESPACE.bytes
+_UUID_VERSION_MASK = ~((0xF000 << 64) | (0xC000 << 48))
+_UUID_VERSION_5 = (5 << 76) | (0x8000 << 48)
+
+
 def _pod_admitted(uid: str, occurred_at: datetime, verdict: Admitted) -> PodAdmitted:
     assert verdict.workload is not None
     assert verdict.request is not None
-    # Every field is already a validated value (the core built `workload` and `request` as models).
-    return PodAdmitted.model_construct(
-        event_id=uuid.uuid5(EVENT_NAMESPACE, uid),
+    # Validated, and still cheaper than `model_construct`: `workload` and `request` are models already.
+    return PodAdmitted(
+        event_id=event_id(uid),
         occurred_at=occurred_at,
         workload=verdict.workload,
         request=verdict.request,

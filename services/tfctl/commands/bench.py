@@ -313,7 +313,7 @@ def _add_target(
 
 
 def _register_webhook(targets: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    defaults: dict[str, Any] = {"requests": 2000, "clients": [10, 100], "rounds": 3}
+    defaults: dict[str, Any] = {"requests": 2000, "clients": [10, 100], "rounds": 5}
 
     def options(parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--requests", type=int, default=2000, help="requests per run (2000)")
@@ -324,7 +324,10 @@ def _register_webhook(targets: argparse._SubParsersAction[argparse.ArgumentParse
             help="concurrent keep-alive clients, repeatable (10 and 100)",
         )
         parser.add_argument(
-            "--rounds", type=int, default=3, help="runs per server and client count; median kept (3)"
+            "--rounds",
+            type=int,
+            default=5,
+            help="rounds per client count, each running both servers in turn; median-ratio round kept (5)",
         )
         parser.set_defaults(clients=None)
 

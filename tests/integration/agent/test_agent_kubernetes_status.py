@@ -225,7 +225,7 @@ async def test_users_labels_and_spec_on_the_gpunode_survive_start_and_rediscover
         rewritten = await eventually(
             lambda: (
                 (obj := gpu_node(state, node)) is not None
-                and obj["status"]["managedGPUDeviceIDs"] == [sorted(gpus_of(state, node))[0]]
+                and obj.get("status", {}).get("managedGPUDeviceIDs") == [sorted(gpus_of(state, node))[0]]
                 and obj
             ),
             "the GPUNode status after the rediscovery",
