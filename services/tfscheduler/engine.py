@@ -74,7 +74,7 @@ from tfscheduler.core.view import (
     placement_request,
 )
 from tfscheduler.submission import Submission, WorkloadStatus
-from tfscheduler.workloads import StoredWorkload, WorkloadStore, scheduler_workload
+from tfscheduler.workloads import StoredWorkload, WorkloadStore, mark_placed
 
 log = logging.getLogger("tfscheduler")
 MAX_PLACE_ATTEMPTS = 8
@@ -401,7 +401,7 @@ class Scheduler:
                     await transaction.reserve_many(
                         [_tentative_reservation(t) for t in tentative],
                         commit=True,
-                        then=_mark_placed([t.stored.allocation_id for t in tentative], self.clock()),
+                        then=mark_placed([t.stored.allocation_id for t in tentative], self.clock()),
                     )
                     if tentative
                     else []
@@ -472,7 +472,7 @@ class Scheduler:
                 results = await self.ledger.reserve_many(
                     [_tentative_reservation(t) for t in tentative],
                     commit=True,
-                    then=_mark_placed([t.stored.allocation_id for t in tentative], self.clock()),
+                    then=mark_placed([t.stored.allocation_id for t in tentative], self.clock()),
                 )
             except BaseException:
                 for t in tentative:
@@ -1117,21 +1117,6 @@ def _fail(items: list[_Queued], error: BaseException) -> None:
     for item in items:
         if not item.future.done():
             item.future.set_exception(error)
-
-
-def _mark_placed(allocation_ids: list[UUID], now: datetime) -> sa.Update:
-    """The stored workloads among `allocation_ids` that hold a live allocation, moved to `placed`: run in
-    the reservations' transaction, so a workload is placed exactly when its allocation is written."""
-    workload = scheduler_workload.c
-    allocation = tables.allocation.c
-    held = sa.exists().where(
-        allocation.allocation_id == workload.allocation_id, allocation.state != "released"
-    )
-    return (
-        sa.update(scheduler_workload)
-        .where(workload.allocation_id.in_(allocation_ids), held)
-        .values(state="placed", reason=None, updated_at=now)
-    )
 
 
 def _placed_status(record: AllocationRecord) -> WorkloadStatus:

@@ -67,6 +67,21 @@ RETURNING w.allocation_id
 LIVE_STATES = ("pending", "placed")
 
 
+_MARK_PLACED = sa.text(
+    """
+UPDATE scheduler_workload AS w SET state = 'placed', reason = NULL, updated_at = :now
+WHERE w.allocation_id = ANY(:allocation_ids)
+  AND EXISTS (SELECT 1 FROM allocation AS a WHERE a.allocation_id = w.allocation_id AND a.state <> 'released')
+"""
+)
+
+
+def mark_placed(allocation_ids: list[UUID], now: datetime) -> sa.TextClause:
+    """The stored workloads among `allocation_ids` that hold a live allocation, moved to `placed`: run in
+    the reservations' transaction, so a workload is placed exactly when its allocation is written."""
+    return _MARK_PLACED.bindparams(allocation_ids=allocation_ids, now=now)
+
+
 @dataclass(frozen=True)
 class StoredWorkload:
     allocation_id: UUID

@@ -618,12 +618,12 @@ class LedgerTransaction:
         return results
 
 
-async def _active_holds(
-    connection: AsyncConnection, now: datetime, *, expired: bool = False
-) -> list[HoldRecord]:
+def _holds_query(*, expired: bool) -> Executable:
+    """The unclaimed holds whose allocation is live, expired ones or the others, given `:now`."""
     hold = tables.allocation_hold.c
     allocation = tables.allocation.c
-    query = (
+    now = sa.bindparam("now", type_=sa.DateTime(timezone=True))
+    return (
         select(
             tables.allocation,
             hold.pool_name.label("hold_pool"),
@@ -640,7 +640,18 @@ async def _active_holds(
         )
         .order_by(hold.created_at, allocation.id)
     )
-    rows = (await connection.execute(query)).all()
+
+
+_ACTIVE_HOLDS = _holds_query(expired=False)
+_EXPIRED_HOLDS = _holds_query(expired=True)
+"""Built once: each submission batch reads the holds, and building the statement cost more than running it."""
+
+
+async def _active_holds(
+    connection: AsyncConnection, now: datetime, *, expired: bool = False
+) -> list[HoldRecord]:
+    query = _EXPIRED_HOLDS if expired else _ACTIVE_HOLDS
+    rows = (await connection.execute(query, {"now": now})).all()
     held_for = {
         row.allocation_id: HoldFor(
             pool=row.hold_pool,
