@@ -35,7 +35,7 @@ import nats
 import nats.errors
 import psycopg
 from pydantic import ValidationError
-from sqlalchemy import delete, func, select, update
+from sqlalchemy import bindparam, delete, func, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from tfcommon.ledger import tables
@@ -103,6 +103,29 @@ class TestPause:
         return cls(point=point, marker=Path(marker))  # type: ignore[arg-type]
 
 
+_CLAIM = (
+    select(
+        tables.outbox.c.id,
+        tables.outbox.c.event_id,
+        tables.outbox.c.subject,
+        tables.outbox.c.event_type,
+        tables.outbox.c.payload,
+        tables.outbox.c.headers,
+        tables.outbox.c.occurred_at,
+    )
+    .where(tables.outbox.c.published_at.is_(None))
+    .order_by(tables.outbox.c.id)
+    .limit(bindparam("batch_size"))
+    .with_for_update(skip_locked=True)
+)
+_MARK_PUBLISHED = (
+    update(tables.outbox)
+    .where(tables.outbox.c.id.in_(bindparam("ids", expanding=True)))
+    .values(published_at=func.now())
+)
+"""A pass's two statements, built once (building them cost more than running them)."""
+
+
 class OutboxRelay:
     """Moves committed outbox rows to the bus. `publish_pending()` is one pass; `run()` loops."""
 
@@ -135,26 +158,9 @@ class OutboxRelay:
     async def _publish_pass(self, on_acknowledged: Callable[[int], None] | None) -> int:
         """`publish_pending()`; calls `on_acknowledged(count)` once every claimed event is acknowledged,
         before marking them (the rows stay locked until the mark commits)."""
-        outbox = tables.outbox.c
         failure: BaseException | None = None
         async with self._engine.begin() as connection:
-            claimed = (
-                await connection.execute(
-                    select(
-                        outbox.id,
-                        outbox.event_id,
-                        outbox.subject,
-                        outbox.event_type,
-                        outbox.payload,
-                        outbox.headers,
-                        outbox.occurred_at,
-                    )
-                    .where(outbox.published_at.is_(None))
-                    .order_by(outbox.id)
-                    .limit(self._batch_size)
-                    .with_for_update(skip_locked=True)
-                )
-            ).all()
+            claimed = (await connection.execute(_CLAIM, {"batch_size": self._batch_size})).all()
             if not claimed:
                 return 0
             await self._maybe_pause("before-publish", [str(row.event_id) for row in claimed])
@@ -175,9 +181,7 @@ class OutboxRelay:
             except Exception as error:  # marked below, then re-raised: what was published stays published
                 failure = error
             if published:
-                await connection.execute(
-                    update(tables.outbox).where(outbox.id.in_(published)).values(published_at=func.now())
-                )
+                await connection.execute(_MARK_PUBLISHED, {"ids": published})
         if failure is not None:
             raise failure
         return len(published)
