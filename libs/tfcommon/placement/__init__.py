@@ -11,7 +11,7 @@ from tfcommon.placement.fragmentation import (
     WorkloadClass,
     cluster_fragmentation,
 )
-from tfcommon.placement.framework import ClusterView, Profile, evaluate, place
+from tfcommon.placement.framework import Candidate, Chooser, ClusterView, Profile, evaluate, place
 from tfcommon.placement.model import (
     Gpu,
     Isolation,
@@ -36,6 +36,8 @@ from tfcommon.placement.registry import (
 __all__ = [
     "DEFAULT_POLICY",
     "POLICIES",
+    "Candidate",
+    "Chooser",
     "ClusterView",
     "FragmentationReport",
     "Gpu",

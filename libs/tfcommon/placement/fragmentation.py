@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from functools import cached_property
 
 from tfcommon.placement.model import WHOLE_GPU_SHARE, Isolation, Node, PlacementRequest
 
@@ -46,6 +47,27 @@ class TargetWorkload:
     """Task classes and their popularities (summing to 1)."""
 
     classes: tuple[tuple[WorkloadClass, float], ...]
+
+    @cached_property
+    def fragment_plan(
+        self,
+    ) -> tuple[tuple[tuple[int, frozenset[str]], ...], tuple[tuple[int, int, int, int, float], ...]]:
+        """The classes as `node_fragment` walks them: the distinct (share, models) they need, and per
+        class (index of its need, GPU count, CPU, memory, popularity), in order."""
+        needs: dict[tuple[int, frozenset[str]], int] = {}
+        plan = []
+        for workload_class, popularity in self.classes:
+            need = needs.setdefault((workload_class.gpu_share, workload_class.gpu_models), len(needs))
+            plan.append(
+                (
+                    need,
+                    workload_class.gpu_count,
+                    workload_class.cpu_milli,
+                    workload_class.memory_bytes,
+                    popularity,
+                )
+            )
+        return tuple(needs), tuple(plan)
 
     @classmethod
     def from_requests(
@@ -134,11 +156,38 @@ def node_fragment(
     target: TargetWorkload,
     free_memory_bytes: int | None = None,
 ) -> float:
-    """F_n(M): the node's expected fragment (in thousandths of a GPU) under the target workload."""
-    return sum(
-        popularity * class_fragment(free_cpu_milli, gpus, workload_class, free_memory_bytes)
-        for workload_class, popularity in target.classes
-    )
+    """F_n(M): the node's expected fragment (in thousandths of a GPU) under the target workload.
+
+    The same sum as `class_fragment` over the classes, in the same order; the GPUs a class could use
+    are counted once per (share, models) that classes have in common."""
+    total_free = 0
+    for _model, free in gpus:
+        total_free += free
+    needs, plan = target.fragment_plan
+    usable_count = [-1] * len(needs)
+    usable_free = [0] * len(needs)
+    fragment: float = 0
+    for need, gpu_count, cpu_milli, memory_bytes, popularity in plan:
+        count = usable_count[need]
+        if count < 0:
+            share, models = needs[need]
+            count = free_sum = 0
+            for model, free in gpus:
+                if free >= share and (not models or model in models):
+                    count += 1
+                    free_sum += free
+            usable_count[need] = count
+            usable_free[need] = free_sum
+        if (
+            gpu_count > 0
+            and count >= gpu_count
+            and free_cpu_milli >= cpu_milli
+            and (free_memory_bytes is None or free_memory_bytes >= memory_bytes)
+        ):
+            fragment += popularity * (total_free - usable_free[need])
+        else:
+            fragment += popularity * total_free
+    return fragment
 
 
 @dataclass(frozen=True)

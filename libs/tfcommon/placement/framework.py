@@ -13,7 +13,8 @@ no clock; the only randomness is a hash of the profile's seed and the request na
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Mapping
+import heapq
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import ClassVar, Protocol
 
@@ -21,6 +22,8 @@ from tfcommon.placement.model import Gpu, Node, PlacementRequest
 from tfcommon.placement.outcome import Placement, Rejection
 
 MEMO_LIMIT = 2_000_000
+RANKED_KEPT = 16
+CHANGE_LOG_LIMIT = 65_536
 
 
 class NodeFilter(Protocol):
@@ -70,9 +73,32 @@ class GpuPicker(Protocol):
     def pick(self, request: PlacementRequest, node: Node, candidates: tuple[int, ...]) -> tuple[int, ...]: ...
 
 
+@dataclass(frozen=True)
+class Candidate:
+    """A feasible node for a request: its total score and the GPUs the scorers chose."""
+
+    node: str
+    total: float
+    gpus: tuple[int, ...]
+
+
+class Chooser(Protocol):
+    """Picks one of the `candidates` best placements of a request (ranked best first, at least two) by
+    looking beyond the single decision; returns the index of the one to take. Must leave the view as it
+    found it and be deterministic."""
+
+    name: ClassVar[str]
+    candidates: int
+
+    def choose(
+        self, request: PlacementRequest, view: ClusterView, profile: Profile, ranked: Sequence[Candidate]
+    ) -> int: ...
+
+
 @dataclass(frozen=True, eq=False)
 class Profile:
-    """A named set of plugins and weights: a placement policy. `seed` set means seeded tie-breaks."""
+    """A named set of plugins and weights: a placement policy. `seed` set means seeded tie-breaks;
+    `chooser` set means the best few nodes are weighed by it instead of taking the top score."""
 
     name: str
     node_filters: tuple[NodeFilter, ...]
@@ -80,6 +106,13 @@ class Profile:
     scorers: tuple[tuple[ScorePlugin, int], ...]
     gpu_picker: GpuPicker
     seed: int | None = None
+    chooser: Chooser | None = None
+
+    @property
+    def ranks_by_total(self) -> bool:
+        """Whether a node's rank depends only on its own state (no seeded draw, no normalization), so
+        the view can keep each request shape's best nodes between placements."""
+        return self.seed is None and not any(scorer.normalize for scorer, _ in self.scorers)
 
 
 @dataclass(frozen=True)
@@ -90,6 +123,17 @@ class _Feasible:
 
 
 _Outcome = str | _Feasible
+
+
+@dataclass
+class _Ranking:
+    """A request shape's best feasible groups, best first, as of `version` of the view's change log.
+    `boundary` is the key of the last group kept by the full scan that made it (None: it kept all
+    feasible groups); every group not listed ranks below it unless one of its nodes changed since."""
+
+    version: int
+    boundary: tuple[float, str] | None
+    entries: list[tuple[tuple[float, str], int]]
 
 
 @dataclass
@@ -119,6 +163,9 @@ class ClusterView:
         self._state_of: dict[str, int] = {}
         self._groups: dict[int, _Group] = {}
         self._memos: dict[int, tuple[Profile, dict[tuple[object, ...], dict[int, _Outcome]]]] = {}
+        self._rankings: dict[tuple[int, tuple[object, ...]], _Ranking] = {}
+        self._changes: list[str] = []
+        self._changes_base = 0
         for node in nodes:
             self.upsert(node)
 
@@ -133,12 +180,10 @@ class ClusterView:
         if node.name in self._nodes:
             self._leave_group(node.name)
         self._nodes[node.name] = node
+        self._log_change(node.name)
         if len(self._state_ids) > MEMO_LIMIT:
             self._reset_memos()
-        state_id = self._state_ids.get(node.state_key)
-        if state_id is None:
-            state_id = self._state_ids[node.state_key] = self._next_state_id
-            self._next_state_id += 1
+        state_id = self._state_id(node)
         self._state_of[node.name] = state_id
         group = self._groups.setdefault(state_id, _Group())
         group.names.add(node.name)
@@ -149,6 +194,122 @@ class ClusterView:
         if name in self._nodes:
             self._leave_group(name)
             del self._nodes[name]
+            self._log_change(name)
+
+    def best(self, profile: Profile, request: PlacementRequest, limit: int) -> list[Candidate]:
+        """The `limit` best feasible nodes for `request` (highest total first, ties by name, one per
+        node state; a seeded profile's draw among equals is not applied). Kept per request shape
+        between calls when the profile `ranks_by_total`, so that only nodes changed since the last
+        call are evaluated; otherwise every state is ranked (normalized as `place` does)."""
+        memo = self._memo_for(profile, request)
+        if not profile.ranks_by_total:
+            feasible = [
+                (outcome, group) for _, group, outcome in self._feasible_groups(profile, request, memo)
+            ]
+            ranked = heapq.nsmallest(
+                limit,
+                zip(_totals(profile, feasible), feasible, strict=True),
+                key=lambda item: (-item[0], item[1][1].first_name()),
+            )
+            return [Candidate(group.first_name(), total, outcome.gpus) for total, (outcome, group) in ranked]
+        ranking = self._ranking(profile, request, memo, limit)
+        return [self._candidate(entry, memo) for entry in ranking.entries[:limit]]
+
+    def outcome(self, profile: Profile, request: PlacementRequest, node: Node) -> Candidate | str:
+        """`request` evaluated on `node` (which need not be in the view: a state it might reach),
+        memoized by the node's state: the reason it is ruled out, or its candidate."""
+        memo = self._memo_for(profile, request)
+        state_id = self._state_id(node)
+        outcome = memo.get(state_id)
+        if outcome is None:
+            outcome = memo[state_id] = _evaluate(profile, request, node)
+        if isinstance(outcome, str):
+            return outcome
+        return Candidate(node.name, outcome.total, outcome.gpus)
+
+    def _state_id(self, node: Node) -> int:
+        state_id = self._state_ids.get(node.state_key)
+        if state_id is None:
+            state_id = self._state_ids[node.state_key] = self._next_state_id
+            self._next_state_id += 1
+        return state_id
+
+    def _log_change(self, name: str) -> None:
+        if len(self._changes) >= CHANGE_LOG_LIMIT:
+            self._changes_base += len(self._changes)
+            self._changes = []
+        self._changes.append(name)
+
+    def _candidate(self, entry: tuple[tuple[float, str], int], memo: dict[int, _Outcome]) -> Candidate:
+        (negative_total, name), state_id = entry
+        outcome = memo[state_id]
+        assert isinstance(outcome, _Feasible)
+        return Candidate(name, -negative_total, outcome.gpus)
+
+    def _feasible_groups(
+        self, profile: Profile, request: PlacementRequest, memo: dict[int, _Outcome]
+    ) -> Iterable[tuple[int, _Group, _Feasible]]:
+        nodes = self._nodes
+        for state_id, group in self._groups.items():
+            outcome = memo.get(state_id)
+            if outcome is None:
+                outcome = memo[state_id] = _evaluate(profile, request, nodes[next(iter(group.names))])
+            if type(outcome) is not str:
+                yield state_id, group, outcome  # type: ignore[misc]
+
+    def _ranking(
+        self, profile: Profile, request: PlacementRequest, memo: dict[int, _Outcome], limit: int
+    ) -> _Ranking:
+        key = (id(profile), request.key)
+        version = self._changes_base + len(self._changes)
+        ranking = self._rankings.get(key)
+        if ranking is not None and ranking.version != version:
+            ranking = self._refresh(ranking, profile, request, memo, version)
+        if ranking is None or (len(ranking.entries) < limit and ranking.boundary is not None):
+            keyed = [
+                ((-outcome.total, group.first_name()), state_id)
+                for state_id, group, outcome in self._feasible_groups(profile, request, memo)
+            ]
+            kept = heapq.nsmallest(max(limit, RANKED_KEPT), keyed)
+            boundary = kept[-1][0] if len(kept) < len(keyed) else None
+            ranking = _Ranking(version, boundary, kept)
+        self._rankings[key] = ranking
+        return ranking
+
+    def _refresh(
+        self,
+        ranking: _Ranking,
+        profile: Profile,
+        request: PlacementRequest,
+        memo: dict[int, _Outcome],
+        version: int,
+    ) -> _Ranking | None:
+        """Bring a ranking up to `version`: re-read its groups, add the states of changed nodes, and
+        keep what still ranks within its boundary. None when too much changed to be worth it."""
+        start = ranking.version - self._changes_base
+        if start < 0 or version - ranking.version > len(self._groups):
+            return None
+        changed = set(self._changes[start:])
+        entries: dict[int, tuple[float, str]] = {}
+        for (negative_total, _name), state_id in ranking.entries:
+            group = self._groups.get(state_id)
+            if group is not None:
+                entries[state_id] = (negative_total, group.first_name())
+        for name in changed:
+            state_id = self._state_of.get(name)  # type: ignore[assignment]
+            if state_id is None or state_id in entries:
+                continue
+            group = self._groups[state_id]
+            outcome = memo.get(state_id)
+            if outcome is None:
+                outcome = memo[state_id] = _evaluate(profile, request, self._nodes[name])
+            if type(outcome) is not str:
+                entries[state_id] = (-outcome.total, group.first_name())  # type: ignore[union-attr]
+        boundary = ranking.boundary
+        kept = sorted(
+            (rank, state_id) for state_id, rank in entries.items() if boundary is None or rank <= boundary
+        )
+        return _Ranking(version, boundary, kept)
 
     def apply(self, placement: Placement) -> Node:
         """Reserve a placement on its node; the new node state replaces the old one."""
@@ -175,6 +336,7 @@ class ClusterView:
 
     def _reset_memos(self) -> None:
         self._memos.clear()
+        self._rankings.clear()
         live = {self._nodes[name].state_key: state_id for name, state_id in self._state_of.items()}
         self._state_ids = dict(live)
 
@@ -183,6 +345,7 @@ class ClusterView:
         if entry is None or entry[0] is not profile:
             entry = (profile, {})
             self._memos[id(profile)] = entry
+            self._rankings = {key: value for key, value in self._rankings.items() if key[0] != id(profile)}
         return entry[1].setdefault(request.key, {})
 
 
@@ -252,6 +415,14 @@ def place(
     """Choose a node and GPUs for `request`, or explain why none fits. Does not change `cluster`
     (call `ClusterView.apply` with the result to reserve it)."""
     view = cluster if isinstance(cluster, ClusterView) else ClusterView(cluster)
+    if profile.ranks_by_total:
+        chooser = profile.chooser
+        ranked = view.best(profile, request, chooser.candidates if chooser is not None else 1)
+        if ranked:
+            chosen = ranked[0]
+            if chooser is not None and len(ranked) > 1:
+                chosen = ranked[chooser.choose(request, view, profile, ranked)]
+            return _placement(request, view, profile, chosen)
     memo = view._memo_for(profile, request)
     nodes = view._nodes
     feasible: list[tuple[_Feasible, _Group]] = []
@@ -277,18 +448,24 @@ def place(
     else:
         node_name = _seeded_choice(profile.seed, request.name, winners)
     outcome = next(feasible[i][0] for i in winner_index if node_name in feasible[i][1].names)
-    node = view._nodes[node_name]
+    return _placement(request, view, profile, Candidate(node_name, best_total, outcome.gpus))
+
+
+def _placement(
+    request: PlacementRequest, view: ClusterView, profile: Profile, chosen: Candidate
+) -> Placement:
+    node = view._nodes[chosen.node]
     return Placement(
         request_name=request.name,
-        node=node_name,
-        gpu_indices=outcome.gpus,
-        gpu_uuids=tuple(node.gpus[i].uuid for i in outcome.gpus),
-        tflops_milli=tuple(request.tflops_on(node.gpus[i]) for i in outcome.gpus),
-        vram_bytes=tuple(request.vram_on(node.gpus[i]) for i in outcome.gpus),
+        node=chosen.node,
+        gpu_indices=chosen.gpus,
+        gpu_uuids=tuple(node.gpus[i].uuid for i in chosen.gpus),
+        tflops_milli=tuple(request.tflops_on(node.gpus[i]) for i in chosen.gpus),
+        vram_bytes=tuple(request.vram_on(node.gpus[i]) for i in chosen.gpus),
         cpu_milli=request.cpu_milli,
         memory_bytes=request.memory_bytes,
         workload_class=request.workload_class,
-        score=round(best_total),
+        score=round(chosen.total),
         policy=profile.name,
     )
 

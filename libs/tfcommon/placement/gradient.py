@@ -48,6 +48,11 @@ class FragmentationGradient:
             self._fragments[key] = cached
         return cached
 
+    def node_fragment(self, node: Node) -> float:
+        """F_n(M) of the node as it stands (memory counted when memory-aware)."""
+        memory = node.free_memory_bytes if self.memory_aware else None
+        return self.fragment(node.free_cpu_milli, memory, node_gpu_states(node))
+
     @staticmethod
     def _score(delta: float) -> float:
         return float(int(sigmoid(delta / WHOLE_GPU_SHARE) * 100))

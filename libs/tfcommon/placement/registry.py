@@ -31,6 +31,7 @@ from tfcommon.placement.fragmentation import TargetWorkload, WorkloadClass
 from tfcommon.placement.framework import GpuFilter, NodeFilter, Profile, ScorePlugin
 from tfcommon.placement.gradient import FragmentationGradient
 from tfcommon.placement.model import WHOLE_GPU_SHARE, PlacementRequest
+from tfcommon.placement.rollout import DEFAULT_CANDIDATES, DEFAULT_DEPTH, Rollout
 from tfcommon.placement.scores import (
     BestFit,
     CompactFirst,
@@ -86,11 +87,15 @@ class PluginArgs:
 
 @dataclass(frozen=True)
 class ProfileConfig:
-    """A policy as configuration: score plugin names with weights, and whether ties are seeded."""
+    """A policy as configuration: score plugin names with weights, whether ties are seeded, and the
+    rollout look-ahead (`rollout_candidates` best nodes, `rollout_depth` drawn pods; 0: none), which
+    needs a fragmentation-gradient scorer (tfcommon/placement/rollout.py)."""
 
     name: str
     scorers: tuple[tuple[str, int], ...]
     seeded_ties: bool = False
+    rollout_candidates: int = 0
+    rollout_depth: int = 0
 
 
 SCORE_PLUGINS: dict[str, Callable[[PluginArgs], ScorePlugin]] = {
@@ -109,6 +114,7 @@ SCORE_PLUGINS: dict[str, Callable[[PluginArgs], ScorePlugin]] = {
 }
 
 DEFAULT_POLICY = "tfpool"
+ROLLOUT_POLICY = "tfpool-rollout"
 
 POLICIES: dict[str, ProfileConfig] = {
     config.name: config
@@ -123,6 +129,12 @@ POLICIES: dict[str, ProfileConfig] = {
         ProfileConfig("random", (("Indifferent", 1),), seeded_ties=True),
         ProfileConfig("fgd", (("FragmentationGradient", 1),)),
         ProfileConfig(DEFAULT_POLICY, (("MemoryAwareFragmentationGradient", 1),)),
+        ProfileConfig(
+            ROLLOUT_POLICY,
+            (("MemoryAwareFragmentationGradient", 1),),
+            rollout_candidates=DEFAULT_CANDIDATES,
+            rollout_depth=DEFAULT_DEPTH,
+        ),
     )
 }
 
@@ -162,6 +174,27 @@ def build_profile(config: ProfileConfig, args: PluginArgs) -> Profile:
         scorers=tuple(scorers),
         gpu_picker=LeastFreeGpus(),
         seed=args.seed if config.seeded_ties else None,
+        chooser=_rollout(config, args, scorers),
+    )
+
+
+def _rollout(
+    config: ProfileConfig, args: PluginArgs, scorers: list[tuple[ScorePlugin, int]]
+) -> Rollout | None:
+    if config.rollout_candidates < 2 or config.rollout_depth < 1:
+        return None
+    gradient = next((scorer for scorer, _ in scorers if isinstance(scorer, FragmentationGradient)), None)
+    if gradient is None:
+        raise UnknownPolicyError(
+            f"profile {config.name}: a rollout needs a fragmentation-gradient scorer; add "
+            "FragmentationGradient or MemoryAwareFragmentationGradient"
+        )
+    return Rollout(
+        gradient.node_fragment,
+        gradient.target,
+        seed=args.seed,
+        candidates=config.rollout_candidates,
+        depth=config.rollout_depth,
     )
 
 
