@@ -39,6 +39,7 @@ import contextlib
 import gc
 import logging
 import signal
+import socket
 import ssl
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
@@ -47,9 +48,10 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 import uvicorn
-from fastapi import APIRouter, FastAPI
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse
 from sqlalchemy import text
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import NullPool
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -76,6 +78,10 @@ BackgroundTask = Callable[[], Awaitable[None]]
 PROBE_TIMEOUT_S = 2
 SHUTDOWN_TIMEOUT_S = 20.0
 RETRY_INTERVAL_S = 0.5
+UNAVAILABLE_RETRY_AFTER_S = 1
+"""`Retry-After` (seconds) of a 503 answered while the database is unreachable."""
+PORT_WAIT_S = 30.0
+"""How long a starting service waits for its port to be released before it gives up."""
 
 log = logging.getLogger("tfcommon.runtime")
 
@@ -241,6 +247,18 @@ def build_app(
         }
         return JSONResponse(body, status_code=503 if down else 200)
 
+    @app.exception_handler(OperationalError)
+    async def database_unavailable(request: Request, error: OperationalError) -> JSONResponse:
+        log.warning(
+            "request failed: the database is unavailable",
+            extra={"path": request.url.path, "error": _first_line(error.orig or error), "outcome": "error"},
+        )
+        return JSONResponse(
+            {"detail": "the ledger database (Postgres) is unavailable; retry shortly"},
+            status_code=503,
+            headers={"Retry-After": str(UNAVAILABLE_RETRY_AFTER_S)},
+        )
+
     for router in routers:
         app.include_router(router)
     app.include_router(metrics_router())
@@ -352,6 +370,31 @@ def _without_password(database_url: str) -> str:
     return ledger_url(database_url).render_as_string(hide_password=True)
 
 
+def _port_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+async def _wait_for_port(host: str, port: int) -> None:
+    """Wait up to `PORT_WAIT_S` for `host:port` to be free: a restarted service finds its port still
+    held for a while by the process it replaces. Then serving reports it if it is still taken."""
+    if port == 0 or _port_free(host, port):
+        return
+    log.warning(
+        "port in use; waiting for it to be released",
+        extra={"event": "service.port_busy", "port": port, "wait_s": PORT_WAIT_S},
+    )
+    for _attempt in range(round(PORT_WAIT_S / RETRY_INTERVAL_S)):
+        await asyncio.sleep(RETRY_INTERVAL_S)
+        if _port_free(host, port):
+            return
+
+
 async def _serve_http(server: _Server) -> None:
     try:
         await server.serve()
@@ -373,6 +416,7 @@ async def serve(spec: ServiceSpec[SettingsT], *, stop: asyncio.Event) -> None:
     started_at = time.monotonic()
     async with AsyncExitStack() as resources:
         try:
+            await _unless_stopped(_wait_for_port(spec.bind_host, spec.port), stop)
             engine = probe_engine(database_url)
             resources.push_async_callback(engine.dispose)
             bus = await _unless_stopped(_connect_bus(spec, nats_url), stop)

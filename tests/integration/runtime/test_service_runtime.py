@@ -4,6 +4,7 @@ plug-in components, shutdown order, failures, HTTPS."""
 from __future__ import annotations
 
 import asyncio
+import socket
 import ssl
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -200,3 +201,25 @@ async def test_webhook_serves_https_with_a_generated_self_signed_certificate(
         async with httpx.AsyncClient(timeout=5) as plain:
             with pytest.raises(httpx.TransportError):
                 await plain.get(f"http://127.0.0.1:{port}/healthz")
+
+
+async def test_a_service_whose_port_is_still_held_waits_for_it_and_then_serves(
+    nats_url: str, database_url: str
+) -> None:
+    """A restarted service can find its port still held a moment by the process it replaces: it waits
+    (up to `PORT_WAIT_S`) instead of exiting."""
+    spec = spec_for(scheduler_settings(nats_url, database_url), no_components)
+    base_url = f"http://127.0.0.1:{spec.port}"
+    holder = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    holder.bind(("127.0.0.1", spec.port))
+    holder.listen(1)
+    try:
+        async with running(spec) as service:
+            await asyncio.sleep(1.5)
+            assert not service.done(), "the service waits for its port instead of failing"
+            holder.close()
+            ready = await eventually(lambda: readyz(base_url, 200))
+            assert ready["status"] == "ready"
+    finally:
+        holder.close()
