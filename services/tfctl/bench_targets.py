@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from tfcommon.placement import POLICIES
+from tfcommon.placement import DEFAULT_POLICY, POLICIES
 
 DEFAULT_TRACES = Path(__file__).resolve().parents[2].parent / "shared" / "traces" / "openb"
 """The openb trace folder next to this checkout (`../shared/traces/openb`), where `docs/benchmarks.md`
@@ -66,7 +66,7 @@ def run_placement(
     *,
     traces: Path = DEFAULT_TRACES,
     trace: str = "default",
-    policies: Sequence[str] = ("tfpool", REFERENCE_POLICY, "fgd"),
+    policies: Sequence[str] = (DEFAULT_POLICY, "tfpool", REFERENCE_POLICY, "fgd"),
     seeds: int = 3,
     latency_placements: int = 2000,
     latency_nodes: int = 1000,

@@ -113,8 +113,8 @@ SCORE_PLUGINS: dict[str, Callable[[PluginArgs], ScorePlugin]] = {
     ),
 }
 
-DEFAULT_POLICY = "tfpool"
 ROLLOUT_POLICY = "tfpool-rollout"
+DEFAULT_POLICY = ROLLOUT_POLICY
 
 POLICIES: dict[str, ProfileConfig] = {
     config.name: config
@@ -128,7 +128,7 @@ POLICIES: dict[str, ProfileConfig] = {
         ProfileConfig("gpuclustering", (("GpuClustering", 1),)),
         ProfileConfig("random", (("Indifferent", 1),), seeded_ties=True),
         ProfileConfig("fgd", (("FragmentationGradient", 1),)),
-        ProfileConfig(DEFAULT_POLICY, (("MemoryAwareFragmentationGradient", 1),)),
+        ProfileConfig("tfpool", (("MemoryAwareFragmentationGradient", 1),)),
         ProfileConfig(
             ROLLOUT_POLICY,
             (("MemoryAwareFragmentationGradient", 1),),

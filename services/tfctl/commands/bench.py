@@ -357,12 +357,14 @@ def _trace_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _register_placement(targets: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from tfcommon.placement import DEFAULT_POLICY
+
     from tfctl.bench_targets import DEFAULT_TRACES
 
     defaults: dict[str, Any] = {
         "traces": str(DEFAULT_TRACES),
         "trace": "default",
-        "policies": ["tfpool", "bestfit", "fgd"],
+        "policies": [DEFAULT_POLICY, "tfpool", "bestfit", "fgd"],
         "seeds": 3,
         "latency_placements": 2000,
     }
@@ -373,7 +375,7 @@ def _register_placement(targets: argparse._SubParsersAction[argparse.ArgumentPar
             "--policy",
             dest="policies",
             action="append",
-            help="repeatable (tfpool, bestfit, fgd); bestfit is added",
+            help=f"repeatable ({DEFAULT_POLICY}, tfpool, bestfit, fgd); bestfit is added; the first is timed",
         )
         parser.add_argument(
             "--seeds", type=int, default=3, help="seeds 42, 43, ...: how many (3; the paper uses 10)"
