@@ -262,7 +262,13 @@ def test_the_fuzzer_reaches_every_outcome() -> None:
     """Guards the properties above against generators that drift into only ever testing rejections."""
     seen: Counter[str] = Counter()
 
-    @settings(max_examples=300, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=300,
+        deadline=None,
+        database=None,
+        derandomize=True,
+        suppress_health_check=list(HealthCheck),
+    )
     @given(body=bodies, config=st.sampled_from(CONFIGS))
     def draw(body: bytes, config: TfConfig) -> None:
         seen[outcome(body, config)] += 1
@@ -270,7 +276,7 @@ def test_the_fuzzer_reaches_every_outcome() -> None:
     draw()
 
     assert set(seen) == {"malformed", "not a pod", "patched", "unchanged", "denied"}, seen
-    assert seen["patched"] >= 12, seen  # about 10% of examples; never seen below 23 in trial runs
+    assert seen["patched"] >= 12, seen  # derandomized: the same 300 examples each run, 24 of them patched
 
 
 def http_bodies() -> list[bytes]:
