@@ -346,8 +346,7 @@ class Scheduler:
                 stored, _holds = await asyncio.gather(
                     self.store.insert_many(submitted, now), self._refresh_holds()
                 )
-                entries = _first_entries(batch, stored)
-                fresh = [(workload, cause) for workload, cause in entries if workload.state == "pending"]
+                entries, fresh = _first_entries(batch, stored)
                 self._learn([workload for workload, _cause in fresh])
                 statuses = await self._place_batch(fresh, announce=True, owners=owners, holds_read=True)
             else:
@@ -385,8 +384,7 @@ class Scheduler:
                 self.holds = {
                     hold.allocation.allocation_id: hold for hold in await transaction.active_holds()
                 }
-                entries = _first_entries(batch, stored)
-                fresh = [(workload, cause) for workload, cause in entries if workload.state == "pending"]
+                entries, fresh = _first_entries(batch, stored)
                 self._learn([workload for workload, _cause in fresh])
                 held_ids = {
                     workload.allocation_id
@@ -1094,8 +1092,9 @@ def _replacement_of(stored: StoredWorkload) -> Submission:
 
 def _first_entries(
     batch: list[_Queued], stored: Mapping[UUID, StoredWorkload]
-) -> list[tuple[StoredWorkload, UUID | None]]:
-    """Each workload of the batch once (its first submission wins), with its stored row and cause."""
+) -> tuple[list[tuple[StoredWorkload, UUID | None]], list[tuple[StoredWorkload, UUID | None]]]:
+    """Each workload of the batch once (its first submission wins), with its stored row and cause;
+    and those among them still pending, the ones to place."""
     first_of: set[UUID] = set()
     entries: list[tuple[StoredWorkload, UUID | None]] = []
     for item in batch:
@@ -1103,7 +1102,7 @@ def _first_entries(
         if allocation_id not in first_of:
             first_of.add(allocation_id)
             entries.append((stored[allocation_id], item.cause))
-    return entries
+    return entries, [(workload, cause) for workload, cause in entries if workload.state == "pending"]
 
 
 def _tentative_reservation(tentative: _Tentative) -> ReservationRequest:

@@ -418,13 +418,13 @@ class SqlLedger:
     async def active_holds(self) -> list[HoldRecord]:
         """The holds not yet claimed, expired or released, oldest first (one indexed query)."""
         async with self.engine.connect() as connection:
-            return await _active_holds(connection, self._clock())
+            return await _holds(connection, self._clock())
 
     async def expired_holds(self) -> list[HoldRecord]:
         """The holds past their expiry that were neither claimed nor released: capacity nobody will
         take, for the defrag planner's sweep to release (whatever its own records say)."""
         async with self.engine.connect() as connection:
-            return await _active_holds(connection, self._clock(), expired=True)
+            return await _holds(connection, self._clock(), expired=True)
 
     @contextlib.asynccontextmanager
     async def transaction(self) -> AsyncIterator[LedgerTransaction]:
@@ -598,7 +598,7 @@ class LedgerTransaction:
 
     async def active_holds(self) -> list[HoldRecord]:
         """`SqlLedger.active_holds()`, read in this transaction."""
-        return await _active_holds(self.connection, self._clock())
+        return await _holds(self.connection, self._clock())
 
     async def reserve_many(
         self,
@@ -647,9 +647,9 @@ _EXPIRED_HOLDS = _holds_query(expired=True)
 """Built once: each submission batch reads the holds, and building the statement cost more than running it."""
 
 
-async def _active_holds(
-    connection: AsyncConnection, now: datetime, *, expired: bool = False
-) -> list[HoldRecord]:
+async def _holds(connection: AsyncConnection, now: datetime, *, expired: bool = False) -> list[HoldRecord]:
+    """The unclaimed holds with a live allocation, oldest first: unexpired ones, or with `expired`
+    the expired ones."""
     query = _EXPIRED_HOLDS if expired else _ACTIVE_HOLDS
     rows = (await connection.execute(query, {"now": now})).all()
     held_for = {

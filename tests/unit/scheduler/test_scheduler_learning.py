@@ -80,4 +80,3 @@ def test_an_unchanged_mix_keeps_the_target_and_a_shifted_one_replaces_it() -> No
     assert same_target(first, slightly_more), "one more request moves a popularity by well under 1%"
     assert not same_target(first, shifted), "the 500 class went from half to about two thirds"
     assert not same_target(shifted, new_class), "a class that was not there before"
-    assert same_target(new_class, new_class)
