@@ -19,15 +19,16 @@ import json
 import logging
 import os
 import signal
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Annotated, Any
 from uuid import UUID
 
 import httpx
-from fastapi import APIRouter, Header
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi import APIRouter, Depends, Header, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 from tfcommon.events import AllocationReleased, IsolationMode
 
@@ -393,14 +394,43 @@ def _error(status: int, message: str, **extra: Any) -> JSONResponse:
     return JSONResponse({"error": message, **extra}, status_code=status)
 
 
-def build_workers_router(runner: WorkerRunner, api_token: SecretStr | None) -> APIRouter:
-    """`POST /api/v1/workers` (start and stream) and `POST /api/v1/workers/{id}/signal` (token needed)."""
-    router = APIRouter(prefix="/api/v1", tags=["workers"])
+class _UnauthorisedError(Exception):
+    """The bearer-token check turned the request away; `response` is the 401 to send."""
 
-    def unauthorised(authorization: str | None) -> JSONResponse | None:
+    def __init__(self, response: JSONResponse) -> None:
+        super().__init__(response.status_code)
+        self.response = response
+
+
+class _RefusingRoute(APIRoute):
+    """A route that answers an `_UnauthorisedError` raised by its token dependency with the error's own
+    401 response (the agent's `{"error": ...}` body, `WWW-Authenticate` header) instead of a 500."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handle = super().get_route_handler()
+
+        async def handle_or_refuse(request: Request) -> Response:
+            try:
+                return await handle(request)
+            except _UnauthorisedError as refusal:
+                return refusal.response
+
+        return handle_or_refuse
+
+
+def build_workers_router(runner: WorkerRunner, api_token: SecretStr | None) -> APIRouter:
+    """`POST /api/v1/workers` (start and stream) and `POST /api/v1/workers/{id}/signal` (token needed).
+
+    The token is a router dependency, checked before the path and body are validated: a request without
+    it gets 401 whatever its body (only a body that is not JSON at all is refused earlier, with 422).
+    """
+
+    async def require_token(authorization: Annotated[str | None, Header()] = None) -> None:
         if api_token is None:
-            return _error(
-                401, "workers are disabled: set TF_API_TOKEN on the agent and send it as a bearer token"
+            raise _UnauthorisedError(
+                _error(
+                    401, "workers are disabled: set TF_API_TOKEN on the agent and send it as a bearer token"
+                )
             )
         scheme, _, presented = (authorization or "").partition(" ")
         expected = api_token.get_secret_value().encode()
@@ -409,15 +439,17 @@ def build_workers_router(runner: WorkerRunner, api_token: SecretStr | None) -> A
                 401, "missing or wrong bearer token: send `Authorization: Bearer <TF_API_TOKEN>`"
             )
             response.headers["WWW-Authenticate"] = "Bearer"
-            return response
-        return None
+            raise _UnauthorisedError(response)
+
+    router = APIRouter(
+        prefix="/api/v1",
+        tags=["workers"],
+        dependencies=[Depends(require_token)],
+        route_class=_RefusingRoute,
+    )
 
     @router.post("/workers", response_model=None)
-    async def run_worker(
-        request: RunWorkerRequest, authorization: Annotated[str | None, Header()] = None
-    ) -> StreamingResponse | JSONResponse:
-        if (refusal := unauthorised(authorization)) is not None:
-            return refusal
+    async def run_worker(request: RunWorkerRequest) -> StreamingResponse | JSONResponse:
         try:
             worker = await runner.start(request)
         except ValueError as error:
@@ -429,11 +461,7 @@ def build_workers_router(runner: WorkerRunner, api_token: SecretStr | None) -> A
         return StreamingResponse(_stream(runner, worker), media_type=NDJSON)
 
     @router.post("/workers/{worker_id}/signal", response_model=None)
-    async def signal_worker(
-        worker_id: UUID, body: SignalRequest, authorization: Annotated[str | None, Header()] = None
-    ) -> dict[str, Any] | JSONResponse:
-        if (refusal := unauthorised(authorization)) is not None:
-            return refusal
+    async def signal_worker(worker_id: UUID, body: SignalRequest) -> dict[str, Any] | JSONResponse:
         worker = runner.worker(worker_id)
         if worker is None or worker.ended.is_set():
             return _error(404, f"no running worker {worker_id} on node {runner.node}; GET /api/v1/workers")

@@ -1,10 +1,11 @@
 """Every service's OpenAPI document, fuzzed with schemathesis against the running service (real NATS and
 Postgres): no answer is a 5xx, every answer matches the documented schema and content type, and every
-mutating endpoint refuses a request without the bearer token with 401."""
+mutating endpoint a service documents refuses a request without the bearer token with 401."""
 
 from __future__ import annotations
 
 import asyncio
+import re
 import ssl
 from dataclasses import dataclass
 from typing import Any
@@ -26,18 +27,18 @@ EXAMPLES_PER_OPERATION = 12
 CHECKS = [not_a_server_error, response_schema_conformance, content_type_conformance]
 SERVICES = ("webhook", "scheduler", "defrag-planner", "node-agent", "metrics")
 
-MUTATING = {
-    "scheduler": [
-        ("POST", "/api/v1/workloads"),
-        ("DELETE", "/api/v1/workloads/00000000-0000-4000-8000-000000000001"),
-        ("POST", "/api/v1/workloads/00000000-0000-4000-8000-000000000001/eviction"),
-    ],
-    "node-agent": [
-        ("POST", "/api/v1/devices/discover"),
-        ("POST", "/api/v1/workers/no-such-worker/snapshot"),
-        ("POST", "/api/v1/workers/no-such-worker/resume"),
-    ],
+HTTP_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "POST", "PUT", "PATCH", "DELETE"})
+MUTATING_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+NO_SUCH_OBJECT = "00000000-0000-4000-8000-000000000001"
+"""What fills every path parameter: a well-formed id that names no workload, worker or GPU."""
+PATH_PARAMETER = re.compile(r"\{[^}/]+\}")
+
+UNAUTHENTICATED_BY_DESIGN = {
+    ("scheduler", "POST", "/api/v1/simulate-schedule"): "a what-if answer: it places and stores nothing",
 }
+"""Documented mutating operations that take no bearer token on purpose, with the reason. The webhook's
+`POST /mutate-v1-pod` (authenticated by the API server's TLS) is not here: it is a raw route, outside
+the OpenAPI document."""
 
 
 @dataclass(frozen=True)
@@ -118,20 +119,43 @@ async def test_no_fuzzed_request_gets_a_5xx_or_an_undocumented_answer(
         assert (await client.get(f"{base_url}/readyz")).status_code == 200
 
 
-@pytest.mark.parametrize(
-    ("service", "method", "path"),
-    [(service, method, path) for service, endpoints in MUTATING.items() for method, path in endpoints],
-)
+def _documented_operations(document: dict[str, Any]) -> set[tuple[str, str]]:
+    """Every operation of an OpenAPI document as (METHOD, path template)."""
+    return {
+        (method.upper(), path)
+        for path, operations in document["paths"].items()
+        for method in operations
+        if method.upper() in HTTP_METHODS
+    }
+
+
+@pytest.mark.parametrize("service", SERVICES)
 @pytest.mark.parametrize("authorization", [None, "Bearer wrong-token", "robustness-token", "Basic eDp5"])
-async def test_a_mutating_endpoint_answers_401_without_the_bearer_token(
-    stack: RunningStack, service: str, method: str, path: str, authorization: str | None
+async def test_every_documented_mutating_endpoint_answers_401_without_the_bearer_token(
+    stack: RunningStack, service: str, authorization: str | None
 ) -> None:
     headers = {} if authorization is None else {"Authorization": authorization}
-    async with httpx.AsyncClient(base_url=stack.urls[service], timeout=10) as client:
-        response = await client.request(method, path, headers=headers, json={})
+    failures = []
+    async with httpx.AsyncClient(
+        base_url=stack.urls[service], verify=_verify(stack, service), timeout=10
+    ) as client:
+        documented = _documented_operations((await client.get("/openapi.json")).raise_for_status().json())
+        allowed = {(method, path) for owner, method, path in UNAUTHENTICATED_BY_DESIGN if owner == service}
+        assert allowed <= documented, f"allow-listed but not documented by {service}: {allowed - documented}"
+        for method, template in sorted(documented - allowed):
+            if method not in MUTATING_METHODS:
+                continue
+            path = PATH_PARAMETER.sub(NO_SUCH_OBJECT, template)
+            response = await client.request(method, path, headers=headers, json={})
+            if response.status_code != 401 or "TF_API_TOKEN" not in response.text:
+                failures.append(f"{method} {path}: {response.status_code} {response.text[:300]}")
 
-    assert response.status_code == 401
-    assert "TF_API_TOKEN" in response.text
+    assert not failures, f"{service} mutating endpoints not refused with 401:\n" + "\n".join(failures)
+
+
+def _verify(stack: RunningStack, service: str) -> ssl.SSLContext | bool:
+    """TLS verification for `service`: the webhook serves HTTPS with the stack's self-signed certificate."""
+    return ssl.create_default_context(cafile=str(stack.webhook_certificate)) if service == "webhook" else True
 
 
 REQUEST = {
