@@ -52,6 +52,7 @@ from tfcommon.placement import (
     evaluate,
     place,
     policy,
+    prepare_policy_inputs,
 )
 
 from tfscheduler.core.learning import RecentWorkload, same_target
@@ -159,6 +160,8 @@ class Scheduler:
         self._profiles: dict[str, Profile] = {}
         self._recent = RecentWorkload(RECENT_REQUESTS, RELEARN_EVERY)
         self._plugin_args = PluginArgs()
+        self._learned: PluginArgs | None = None
+        self._relearning: asyncio.Task[None] | None = None
         self._last_full_refresh = 0.0
         self._queue: list[_Queued] = []
         self._drainer: asyncio.Task[None] | None = None
@@ -190,7 +193,26 @@ class Scheduler:
                 continue
         if self._recent.due():
             learned = self._recent.learn()
-            if not same_target(self._plugin_args, learned):
+            if same_target(self._plugin_args, learned):
+                self._learned = None
+                return
+            self._learned = learned
+            if self._relearning is None or self._relearning.done():
+                self._relearning = asyncio.create_task(self._start_learned(), name=f"{self.name}-relearn")
+
+    async def relearned(self) -> None:
+        """Wait until the policies of the last target learned have started (they start in the background
+        a moment after the submissions that changed the target)."""
+        while self._relearning is not None and not self._relearning.done():
+            await asyncio.shield(self._relearning)
+
+    async def _start_learned(self) -> None:
+        """Start the policies of the last target learned, once what they need is computed in a worker
+        thread (the default policy's card values take about 0.1 s of CPU, which would stall placing)."""
+        while (learned := self._learned) is not None:
+            await asyncio.to_thread(prepare_policy_inputs, learned)
+            if self._learned is learned:
+                self._learned = None
                 self._plugin_args = learned
                 self._profiles.clear()
 

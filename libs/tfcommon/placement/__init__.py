@@ -31,6 +31,7 @@ from tfcommon.placement.registry import (
     UnknownPolicyError,
     build_profile,
     policy,
+    prepare_policy_inputs,
 )
 
 __all__ = [
@@ -61,4 +62,5 @@ __all__ = [
     "evaluate",
     "place",
     "policy",
+    "prepare_policy_inputs",
 ]

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from tfcommon.placement.card_value import CardValueMeasure, card_values_for
 from tfcommon.placement.filters import (
     DEFAULT_MAX_WORKERS_PER_NODE,
     FitsCpu,
@@ -190,12 +191,18 @@ def _rollout(
             "FragmentationGradient or MemoryAwareFragmentationGradient"
         )
     return Rollout(
-        gradient.node_fragment,
+        CardValueMeasure(card_values_for(gradient.target), gradient.target),
         gradient.target,
         seed=args.seed,
         candidates=config.rollout_candidates,
         depth=config.rollout_depth,
     )
+
+
+def prepare_policy_inputs(args: PluginArgs) -> None:
+    """Compute and keep what building a policy from `args` would compute (the rollout's card values,
+    about 0.1 s of CPU), so that a caller with an event loop can do it in a worker thread first."""
+    card_values_for(args.memory_target or args.target)
 
 
 def policy(name: str = DEFAULT_POLICY, args: PluginArgs | None = None) -> Profile:

@@ -2,8 +2,9 @@
 
 For a request, the profile ranks the feasible nodes as usual; the `candidates` best (one per node
 state) are each tried in turn: reserve the request there, then place `depth` pods drawn from the target
-workload, each greedily where the profile would put it, and sum how much FGD's fragment F_n(M) of the
-nodes touched grew. The candidate with the least growth wins; ties keep the profile's order. The draws
+workload, each greedily where the profile would put it, and sum how much the node measure of the nodes
+touched grew (in the default policy, the card values of card_value.py: the GPU share expected to stay
+idle for good). The candidate with the least growth wins; ties keep the profile's order. The draws
 are the same for every candidate of one decision and come from a hash of the seed and the request
 name, so the choice is deterministic. Nothing is reserved in the view: the rollout works on copies of
 the touched nodes, and reads the view's ranking of each drawn shape for the nodes it did not touch
@@ -33,7 +34,8 @@ DEFAULT_DEPTH = 6
 _Frozen = TypeVar("_Frozen", Gpu, Node)
 
 NodeMeasure = Callable[[Node], float]
-"""A node's fragment under the target workload (thousandths of a GPU); lower is better."""
+"""How much GPU share a node wastes (thousandths of a GPU), e.g. its expected idle share for good or
+FGD's fragment under the target workload; lower is better."""
 
 
 def sample_request(workload_class: WorkloadClass, name: str) -> PlacementRequest:

@@ -181,6 +181,7 @@ async def test_the_default_policy_learns_the_workload_mix_and_keeps_whole_gpus_f
     assert [status.state for status in whole] == ["pending", "pending"]
     await register_named_node(ledger, empty)
     await scheduler.node_changed(empty)
+    await scheduler.relearned()
     second_half = await scheduler.submit(a_submission(tflops_milli=50_000, vram_bytes=40 * GIB))
     assert (second_half.state, second_half.node) == ("placed", busy)  # first-fit would split `empty`
     assert await scheduler.retry_pending() == 1  # so a whole-GPU workload still fits
