@@ -25,7 +25,8 @@ import random
 from dataclasses import dataclass
 from functools import lru_cache
 
-from tfcommon.placement.fragmentation import TargetWorkload
+from tfcommon.placement.fragmentation import GpuState, TargetWorkload, node_fragment, node_gpu_states
+from tfcommon.placement.gradient import FRAGMENT_MEMO_LIMIT
 from tfcommon.placement.model import WHOLE_GPU_SHARE, Node
 
 DEFAULT_CARDS = 16384
@@ -208,11 +209,21 @@ def _interpolated(known: dict[int, float]) -> tuple[float, ...]:
 class CardValueMeasure:
     """A node's expected idle share for good (the rollout's measure): the card value of each GPU's
     free share, or the whole free share when the node lacks the CPU or memory for every GPU class of
-    the target (nothing will close its holes)."""
+    the target (nothing will close its holes); plus FGD's fragment F_n(M) over the classes card values
+    cannot see, multi-GPU ones (they need several free cards on one node) and those limited to some GPU
+    models, with their popularity in the target (none in a target of single-GPU, any-model classes)."""
 
     def __init__(self, values: CardValues, target: TargetWorkload) -> None:
         self.values = values.idle
         self.smallest_needs = _smallest_needs(target)
+        self.unseen = TargetWorkload(
+            tuple(
+                (workload_class, popularity)
+                for workload_class, popularity in target.classes
+                if workload_class.gpu_count > 1 or workload_class.gpu_models
+            )
+        )
+        self._unseen_fragments: dict[tuple[int, int, tuple[GpuState, ...]], float] = {}
 
     def __call__(self, node: Node) -> float:
         free_cpu = node.free_cpu_milli
@@ -220,8 +231,22 @@ class CardValueMeasure:
         shares = node.free_shares
         if any(free_cpu >= cpu and free_memory >= memory for cpu, memory in self.smallest_needs):
             values = self.values
-            return sum(values[max(share, 0)] for share in shares)
-        return float(sum(shares))
+            measure = sum(values[max(share, 0)] for share in shares)
+        else:
+            measure = float(sum(shares))
+        if self.unseen.classes:
+            measure += self._unseen_fragment(free_cpu, free_memory, node_gpu_states(node))
+        return measure
+
+    def _unseen_fragment(self, free_cpu: int, free_memory: int, gpus: tuple[GpuState, ...]) -> float:
+        key = (free_cpu, free_memory, gpus)
+        fragment = self._unseen_fragments.get(key)
+        if fragment is None:
+            if len(self._unseen_fragments) > FRAGMENT_MEMO_LIMIT:
+                self._unseen_fragments.clear()
+            fragment = node_fragment(free_cpu, gpus, self.unseen, free_memory)
+            self._unseen_fragments[key] = fragment
+        return fragment
 
 
 def _smallest_needs(target: TargetWorkload) -> tuple[tuple[int, int], ...]:

@@ -133,3 +133,27 @@ def test_the_default_policy_keeps_a_hole_for_the_pods_that_close_it_exactly() ->
 
     assert isinstance(outcome, Placement)
     assert outcome.node != "a"
+
+
+def test_the_measure_adds_fgds_fragment_of_the_classes_card_values_cannot_see() -> None:
+    """An 8-GPU class needs eight free cards on one node: a node with all eight free serves it, a node
+    with seven free cards does not, which card values (one card at a time) cannot tell."""
+    eight = WorkloadClass(1000, 8, 1000)
+    target = TargetWorkload(((share_class(1000), 0.9), (eight, 0.1)))
+    measure = CardValueMeasure(CardValues.best_fit(), target)
+
+    all_free = a_node("all", gpus=8, cpu_milli=64_000)
+    one_used = a_node("one", gpus=8, used_shares=(1000,), cpu_milli=64_000)
+
+    assert measure(all_free) == 0.0
+    assert measure(one_used) == pytest.approx(0.1 * 7000)
+
+
+def test_the_measure_adds_fgds_fragment_of_the_classes_limited_to_some_models() -> None:
+    t4_only = WorkloadClass(1000, 1, 500, frozenset({"T4"}))
+    target = TargetWorkload(((share_class(1000), 0.5), (t4_only, 0.5)))
+    measure = CardValueMeasure(CardValues.best_fit(), target)
+    half_used = {"used_shares": (500,), "cpu_milli": 16_000}
+
+    assert measure(a_node("t4", model="T4", **half_used)) == 500.0  # best fit's value; T4 pods fit
+    assert measure(a_node("v100", model="V100", **half_used)) == 500.0 + 0.5 * 500
