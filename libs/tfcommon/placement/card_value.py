@@ -25,7 +25,7 @@ import random
 from dataclasses import dataclass
 from functools import lru_cache
 
-from tfcommon.placement.fragmentation import GpuState, TargetWorkload, node_fragment, node_gpu_states
+from tfcommon.placement.fragmentation import TargetWorkload, node_fragment, node_gpu_states
 from tfcommon.placement.gradient import FRAGMENT_MEMO_LIMIT
 from tfcommon.placement.model import WHOLE_GPU_SHARE, Node
 
@@ -223,11 +223,25 @@ class CardValueMeasure:
                 if workload_class.gpu_count > 1 or workload_class.gpu_models
             )
         )
-        self._unseen_fragments: dict[tuple[int, int, tuple[GpuState, ...]], float] = {}
+        self._models_matter = any(workload_class.gpu_models for workload_class, _ in self.unseen.classes)
+        self._measures: dict[tuple[object, ...], float] = {}
 
     def __call__(self, node: Node) -> float:
         free_cpu = node.free_cpu_milli
         free_memory = node.free_memory_bytes
+        key: tuple[object, ...] = (
+            (free_cpu, free_memory, node_gpu_states(node))
+            if self._models_matter
+            else (free_cpu, free_memory, node.free_shares)
+        )
+        measure = self._measures.get(key)
+        if measure is None:
+            if len(self._measures) > FRAGMENT_MEMO_LIMIT:
+                self._measures.clear()
+            measure = self._measures[key] = self._measure(node, free_cpu, free_memory)
+        return measure
+
+    def _measure(self, node: Node, free_cpu: int, free_memory: int) -> float:
         shares = node.free_shares
         if any(free_cpu >= cpu and free_memory >= memory for cpu, memory in self.smallest_needs):
             values = self.values
@@ -235,18 +249,8 @@ class CardValueMeasure:
         else:
             measure = float(sum(shares))
         if self.unseen.classes:
-            measure += self._unseen_fragment(free_cpu, free_memory, node_gpu_states(node))
+            measure += node_fragment(free_cpu, node_gpu_states(node), self.unseen, free_memory)
         return measure
-
-    def _unseen_fragment(self, free_cpu: int, free_memory: int, gpus: tuple[GpuState, ...]) -> float:
-        key = (free_cpu, free_memory, gpus)
-        fragment = self._unseen_fragments.get(key)
-        if fragment is None:
-            if len(self._unseen_fragments) > FRAGMENT_MEMO_LIMIT:
-                self._unseen_fragments.clear()
-            fragment = node_fragment(free_cpu, gpus, self.unseen, free_memory)
-            self._unseen_fragments[key] = fragment
-        return fragment
 
 
 def _smallest_needs(target: TargetWorkload) -> tuple[tuple[int, int], ...]:
