@@ -121,6 +121,9 @@ class MatchesGpuModel:
     name: ClassVar[str] = "MatchesGpuModel"
     reason: ClassVar[str] = "wrong GPU model"
 
+    def applies(self, request: PlacementRequest) -> bool:
+        return bool(request.gpu_models)
+
     def admits(self, request: PlacementRequest, node: Node, gpu: Gpu) -> bool:
         return not request.gpu_models or gpu.model in request.gpu_models
 
@@ -130,6 +133,9 @@ class MatchesGpuVendor:
 
     name: ClassVar[str] = "MatchesGpuVendor"
     reason: ClassVar[str] = "wrong GPU vendor"
+
+    def applies(self, request: PlacementRequest) -> bool:
+        return request.vendor is not None
 
     def admits(self, request: PlacementRequest, node: Node, gpu: Gpu) -> bool:
         return request.vendor is None or gpu.vendor == request.vendor
@@ -141,6 +147,9 @@ class SharedTakesIdleGpu:
     name: ClassVar[str] = "SharedTakesIdleGpu"
     reason: ClassVar[str] = "no idle GPU for shared isolation"
 
+    def applies(self, request: PlacementRequest) -> bool:
+        return request.isolation is Isolation.SHARED
+
     def admits(self, request: PlacementRequest, node: Node, gpu: Gpu) -> bool:
         return request.isolation is not Isolation.SHARED or gpu.is_idle
 
@@ -151,6 +160,9 @@ class FitsTflops:
     name: ClassVar[str] = "FitsTflops"
     reason: ClassVar[str] = "insufficient TFLOPS"
 
+    def applies(self, request: PlacementRequest) -> bool:
+        return True
+
     def admits(self, request: PlacementRequest, node: Node, gpu: Gpu) -> bool:
         return request.tflops_on(gpu) <= gpu.tflops_milli - gpu.used_tflops_milli
 
@@ -160,6 +172,9 @@ class FitsVram:
 
     name: ClassVar[str] = "FitsVram"
     reason: ClassVar[str] = "insufficient VRAM"
+
+    def applies(self, request: PlacementRequest) -> bool:
+        return True
 
     def admits(self, request: PlacementRequest, node: Node, gpu: Gpu) -> bool:
         return request.vram_on(gpu) <= gpu.vram_bytes - gpu.used_vram_bytes

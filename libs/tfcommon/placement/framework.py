@@ -43,6 +43,10 @@ class GpuFilter(Protocol):
 
     def admits(self, request: PlacementRequest, node: Node, gpu: Gpu) -> bool: ...
 
+    def applies(self, request: PlacementRequest) -> bool:
+        """False when the filter admits every GPU for `request` (it is then not asked per GPU)."""
+        ...
+
 
 @dataclass(frozen=True)
 class NodeScore:
@@ -392,6 +396,8 @@ def _evaluate(profile: Profile, request: PlacementRequest, node: Node) -> _Outco
         if len(candidates) < request.gpu_count:
             return "too few GPUs"
         for gpu_filter in profile.gpu_filters:
+            if not gpu_filter.applies(request):
+                continue
             admits = gpu_filter.admits
             candidates = tuple([i for i in candidates if admits(request, node, node.gpus[i])])
             if len(candidates) < request.gpu_count:

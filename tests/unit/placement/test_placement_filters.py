@@ -123,3 +123,21 @@ GPU_CASES: list[tuple[GpuFilter, PlacementRequest, Gpu, bool]] = [
 )
 def test_gpu_filter(plugin: GpuFilter, the_request: PlacementRequest, gpu: Gpu, admitted: bool) -> None:
     assert plugin.admits(the_request, a_node(), gpu) is admitted
+
+
+@pytest.mark.parametrize(
+    "plugin", [MatchesGpuModel(), MatchesGpuVendor(), SharedTakesIdleGpu(), FitsTflops(), FitsVram()]
+)
+def test_a_gpu_filter_skipped_for_a_request_admits_every_gpu_for_it(plugin: GpuFilter) -> None:
+    """`applies` lets the framework skip a filter per request: only where it would admit any GPU."""
+    requests = [case[1] for case in GPU_CASES] + [request(vram_bytes=0, gpu_share=1000)]
+    gpus = [
+        a_gpu(model=model, vendor=vendor, used_share=used)
+        for model in ("A100", "T4")
+        for vendor in ("nvidia", "amd")
+        for used in (0, 1, 500, 1000)
+    ]
+    skipped = [the_request for the_request in requests if not plugin.applies(the_request)]
+
+    assert all(plugin.admits(the_request, a_node(), gpu) for the_request in skipped for gpu in gpus)
+    assert any(plugin.applies(the_request) for the_request in requests)
