@@ -161,6 +161,7 @@ class Scheduler:
         self._recent = RecentWorkload(RECENT_REQUESTS, RELEARN_EVERY)
         self._plugin_args = PluginArgs()
         self._learned: PluginArgs | None = None
+        self._last_learned: set[UUID] = set()
         self._relearning: asyncio.Task[None] | None = None
         self._last_full_refresh = 0.0
         self._queue: list[_Queued] = []
@@ -175,10 +176,21 @@ class Scheduler:
             self._profiles[mode] = policy(mode, self._plugin_args)
         return self._profiles[mode]
 
+    @property
+    def learned_submissions(self) -> int:
+        """How many submissions the learned workload mix has counted since the start."""
+        return self._recent.seen
+
     def _learn(self, workloads: list[StoredWorkload]) -> None:
         """Count new submissions' requests; relearn the target workload when enough are new, and start
-        new policies only when it changed (a new policy scores every node again)."""
+        new policies only when it changed (a new policy scores every node again). A batch the ledger
+        abandoned is recorded again in two steps: its submissions, counted by the previous call, are
+        not counted twice."""
+        counted = self._last_learned
+        self._last_learned = {stored.allocation_id for stored in workloads}
         for stored in workloads:
+            if stored.allocation_id in counted:
+                continue
             submission = stored.submission
             try:
                 self._recent.add(

@@ -41,6 +41,11 @@ class RecentWorkload:
                 del self._memories[oldest]
         self._seen += 1
 
+    @property
+    def seen(self) -> int:
+        """How many requests were counted since the start."""
+        return self._seen
+
     def due(self) -> bool:
         """Whether enough new requests arrived since the last `learn()`: doubling, then every
         `relearn_every`."""

@@ -123,6 +123,7 @@ async def test_a_batch_the_ledger_abandons_is_recorded_and_placed_in_two_steps(
     assert sorted(a.allocation_id for a in active) == sorted(ids), "one allocation per workload"
     stored = await scheduler.store.by_ids(ids)
     assert {workload.state for workload in stored.values()} == {"placed"}
+    assert scheduler.learned_submissions == 4, "the abandoned try's submissions were counted once"
     used = [gpu.used_tflops_milli for gpu in await ledger.list_gpus() if gpu.node == "gpu-node-abandon"]
     assert sum(used) == 40_000, "each workload's capacity taken once"
 
