@@ -41,6 +41,9 @@ from tfagent.ports import GpuProbe, ProcessOwners
 
 log = logging.getLogger("tfagent.agent")
 
+REGISTER_RETRY_S = 1.0
+"""How long the agent waits before announcing itself again after a failed registration."""
+
 
 def utc_now() -> datetime:
     return datetime.now(UTC)
@@ -116,6 +119,28 @@ class NodeAgent:
         change = await self._rediscover()
         await self._announce(change.inventory)
         return change.inventory
+
+    async def register_until_done(
+        self, stopping: asyncio.Event, retry_s: float = REGISTER_RETRY_S
+    ) -> NodeInventory | None:
+        """`register`, tried again every `retry_s` while it fails (NATS restarting, say) instead of
+        stopping the agent; None when `stopping` is set first."""
+        while not stopping.is_set():
+            try:
+                return await self.register()
+            except Exception as error:
+                log.warning(
+                    "registration failed; trying again",
+                    extra={
+                        "event": "agent.register",
+                        "outcome": "error",
+                        "error": str(error).splitlines()[0] if str(error) else type(error).__name__,
+                        "retry_s": retry_s,
+                    },
+                )
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stopping.wait(), timeout=retry_s)
+        return None
 
     async def reregister(self) -> InventoryChange:
         """Discover again and announce the node and each present GPU as at start (`DiscoverGpus`), and

@@ -110,8 +110,8 @@ async def compose(context: ServiceContext[AgentSettings]) -> Components:
     await subjects.provision_consumer(context.bus.js, commands_consumer)
 
     async def run_agent() -> None:
-        await agent.register()
-        await agent.run(context.stopping)
+        if await agent.register_until_done(context.stopping) is not None:
+            await agent.run(context.stopping)
 
     runner = worker_runner(settings, node, agent, owners)
     context.cleanup.push_async_callback(runner.close)

@@ -85,6 +85,10 @@ class FaultCampaignError(RuntimeError):
     """The campaign could not run (the stack did not start); the message says where its logs are."""
 
 
+SELF_EXIT_LOG_LINES = 30
+"""Lines of a child's log kept in the report when it exits on its own."""
+
+
 @dataclass
 class ManagedChild:
     """A service child the campaign can kill and start again."""
@@ -94,6 +98,7 @@ class ManagedChild:
     process: asyncio.subprocess.Process | None = None
     expected_exit: bool = False
     self_exits: int = 0
+    exit_logs: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -187,6 +192,8 @@ class FaultStack:
                 process = managed.process
                 if process is not None and process.returncode is not None and not managed.expected_exit:
                     managed.self_exits += 1
+                    tail = managed.child.log_tail(SELF_EXIT_LOG_LINES)
+                    managed.exit_logs.append(f"exit status {process.returncode}; last log lines:\n{tail}")
                     await self.spawn(name)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=0.5)
@@ -409,6 +416,7 @@ class CampaignReport:
     operations: dict[str, int]
     faults: list[str]
     self_exits: dict[str, int]
+    self_exit_logs: dict[str, list[str]]
     converged_after_s: float | None
     violations: dict[str, list[str]]
     state_dir: str
@@ -460,6 +468,9 @@ async def _campaign(duration_s: float, seed: int, state_dir: Path) -> CampaignRe
             faults=injected,
             self_exits={
                 name: managed.self_exits for name, managed in stack.children.items() if managed.self_exits
+            },
+            self_exit_logs={
+                name: managed.exit_logs for name, managed in stack.children.items() if managed.exit_logs
             },
             converged_after_s=converged_after_s,
             violations=violations,
@@ -816,12 +827,12 @@ def run_fault_campaign(duration_s: float, seed: int, state_dir: Path | None = No
     invariant's failures; all empty means nothing was lost), `violation_count`, `converged_after_s`.
 
     The stack lives in `state_dir` (a new temporary folder if None, removed afterwards when the
-    campaign found no violation, kept for its logs otherwise).
+    campaign found no violation and no service exited on its own, kept for its logs otherwise).
     """
     own_folder = state_dir is None
     folder = Path(tempfile.mkdtemp(prefix="tfpool-faults-")) if state_dir is None else state_dir
     report = asyncio.run(_campaign(duration_s, seed, folder / "state"))
-    if own_folder and report.violation_count == 0:
+    if own_folder and report.violation_count == 0 and not report.self_exits:
         shutil.rmtree(folder, ignore_errors=True)
     return report.as_dict()
 
@@ -836,6 +847,9 @@ def print_report(report: dict[str, Any], json_output: bool) -> None:
     print(f"operations: {operations['total']} ({outcomes})")
     print(f"faults injected: {len(report['faults'])} ({', '.join(report['faults'])})")
     print(f"services that exited on their own and were restarted: {report['self_exits'] or 'none'}")
+    for name, logs in report.get("self_exit_logs", {}).items():
+        for exit_log in logs:
+            print(f"{name}: {exit_log}")
     print(f"converged after: {report['converged_after_s']} s")
     print(f"violations: {report['violation_count']}")
     for invariant, found in report["violations"].items():

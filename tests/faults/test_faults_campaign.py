@@ -63,4 +63,4 @@ def test_agents_ledger_and_scheduler_agree_within_ten_seconds(report: dict[str, 
 
 def test_no_service_stops_on_its_own_during_an_outage(report: dict[str, Any]) -> None:
     # Under `tfctl up` a child that exits stops the whole stack, so an outage must not end any service.
-    assert report["self_exits"] == {}
+    assert report["self_exits"] == {}, report["self_exit_logs"]

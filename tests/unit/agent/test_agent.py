@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from agent_fixtures import allocation_created, allocation_released, simulated_agent
+from tfagent.adapters.simulated import SimulatedGpuProbe, parse_fake_gpus
+from tfagent.agent import NodeAgent
+from tfcommon.bus import InMemoryEventBus
 from tfcommon.events import (
     DriftDetected,
     GpuDisappeared,
     GpuDiscovered,
     GpuUsageReported,
+    Message,
     NodeHeartbeatSent,
     NodeRegistered,
 )
@@ -86,3 +92,42 @@ async def test_an_allocated_gpu_that_disappears_is_reported_and_kept_as_unknown(
     assert disappeared.gpu_uuid == lost.uuid
     assert agent.inventory is not None
     assert [gpu.phase.value for gpu in agent.inventory.gpus] == ["Unknown", "Running"]
+
+
+class FailingPublishes(InMemoryEventBus):
+    """An in-memory bus whose first `failures` publishes fail, as while NATS restarts."""
+
+    def __init__(self, failures: int) -> None:
+        super().__init__("node-agent")
+        self.failures = failures
+
+    async def publish(self, event: Message) -> None:
+        if self.failures:
+            self.failures -= 1
+            raise TimeoutError("nats: timeout")
+        await super().publish(event)
+
+
+async def test_a_registration_that_fails_while_nats_restarts_is_tried_again_not_fatal() -> None:
+    bus = FailingPublishes(failures=2)
+    probe = SimulatedGpuProbe("node-a", parse_fake_gpus("H100:2"))
+    agent = NodeAgent(node="node-a", pool="default", probe=probe, owners=probe, bus=bus)
+
+    inventory = await agent.register_until_done(asyncio.Event(), retry_s=0.01)
+
+    assert inventory is not None
+    assert len(inventory.gpus) == 2
+    registered = [m for m in bus.messages() if isinstance(m, NodeRegistered)]
+    assert [m.node for m in registered] == ["node-a"]
+    assert len([m for m in bus.messages() if isinstance(m, GpuDiscovered)]) == 2
+
+
+async def test_a_registration_still_failing_when_the_agent_stops_gives_up_quietly() -> None:
+    bus = FailingPublishes(failures=1_000)
+    probe = SimulatedGpuProbe("node-a", parse_fake_gpus("H100:1"))
+    agent = NodeAgent(node="node-a", pool="default", probe=probe, owners=probe, bus=bus)
+    stopping = asyncio.Event()
+    asyncio.get_running_loop().call_later(0.05, stopping.set)
+
+    assert await agent.register_until_done(stopping, retry_s=0.01) is None
+    assert bus.messages() == []
