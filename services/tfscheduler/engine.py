@@ -222,7 +222,10 @@ class Scheduler:
         """Start the policies of the last target learned, once what they need is computed in a worker
         thread (the default policy's card values take about 0.1 s of CPU, which would stall placing)."""
         while (learned := self._learned) is not None:
-            await asyncio.to_thread(prepare_policy_inputs, learned)
+            try:
+                await asyncio.to_thread(prepare_policy_inputs, learned)
+            except Exception:  # the policies then compute it themselves when first used
+                log.exception("preparing the new policies failed", extra={"event": "scheduler.relearn"})
             if self._learned is learned:
                 self._learned = None
                 self._plugin_args = learned
