@@ -7,16 +7,16 @@ Snapshot and resume answer 501 with how to move the workload instead unless a ch
 
 from __future__ import annotations
 
-import hmac
 from collections.abc import Callable, Mapping
-from typing import Annotated, Any
+from typing import Any
 from uuid import UUID
 
-from fastapi import APIRouter, Header
+from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse
 from pydantic import SecretStr
 
 from tfagent.agent import NodeAgent
+from tfagent.auth import RefusingRoute, bearer_token
 from tfagent.core.inventory import GpuDevice
 from tfagent.core.usage import WorkerAllocation
 from tfagent.ports import CheckpointBackend
@@ -30,8 +30,6 @@ HOW_TO_MOVE_A_WORKLOAD = (
     "Keep a node out of automatic moves with "
     "`kubectl label gpunode <node> tensor-fusion.ai/do-not-disrupt=true`.",
 )
-
-AuthorizationHeader = Annotated[str | None, Header()]
 
 
 def _error(status: int, message: str, **extra: Any) -> JSONResponse:
@@ -91,29 +89,21 @@ def build_router(
 ) -> APIRouter:
     """The hypervisor API routes over `agent`; `api_token` unset means mutating endpoints are refused.
     `processes` gives the `tfctl run` process of an allocation (shown as `process` on workers)."""
-    router = APIRouter(prefix="/api/v1", tags=["hypervisor"])
+    router = APIRouter(prefix="/api/v1", tags=["hypervisor"], route_class=RefusingRoute)
+    token_needed = [
+        Depends(
+            bearer_token(
+                api_token,
+                disabled="mutating endpoints are disabled: set TF_API_TOKEN on the agent and send it as a "
+                "bearer token",
+            )
+        )
+    ]
 
     def with_process(allocation: WorkerAllocation) -> dict[str, Any]:
         worker = worker_json(allocation)
         process = None if processes is None else processes(allocation.allocation_id)
         return worker if process is None else {**worker, "process": dict(process)}
-
-    def unauthorised(authorization: str | None) -> JSONResponse | None:
-        if api_token is None:
-            return _error(
-                401,
-                "mutating endpoints are disabled: set TF_API_TOKEN on the agent and send it as a "
-                "bearer token",
-            )
-        scheme, _, presented = (authorization or "").partition(" ")
-        expected = api_token.get_secret_value().encode()
-        if scheme.lower() != "bearer" or not hmac.compare_digest(presented.strip().encode(), expected):
-            response = _error(
-                401, "missing or wrong bearer token: send `Authorization: Bearer <TF_API_TOKEN>`"
-            )
-            response.headers["WWW-Authenticate"] = "Bearer"
-            return response
-        return None
 
     def node_json() -> dict[str, Any]:
         inventory = agent.inventory
@@ -143,10 +133,8 @@ def build_router(
             )
         return {"data": device_json(gpu)}
 
-    @router.post("/devices/discover", response_model=None)
-    async def discover(authorization: AuthorizationHeader = None) -> dict[str, Any] | JSONResponse:
-        if (refusal := unauthorised(authorization)) is not None:
-            return refusal
+    @router.post("/devices/discover", response_model=None, dependencies=token_needed)
+    async def discover() -> dict[str, Any]:
         change = await agent.rediscover()
         return {
             "data": devices(),
@@ -182,11 +170,7 @@ def build_router(
             }
         }
 
-    async def checkpoint_action(
-        worker_id: str, authorization: str | None, action: str
-    ) -> dict[str, Any] | JSONResponse:
-        if (refusal := unauthorised(authorization)) is not None:
-            return refusal
+    async def checkpoint_action(worker_id: str, action: str) -> dict[str, Any] | JSONResponse:
         allocation = agent.allocation(worker_id)
         if allocation is None:
             return _unknown_worker(worker_id, agent.node)
@@ -201,17 +185,13 @@ def build_router(
         run = checkpoint.snapshot if action == "snapshot" else checkpoint.resume
         return {"data": dict(await run(allocation))}
 
-    @router.post("/workers/{worker_id}/snapshot", response_model=None)
-    async def snapshot(
-        worker_id: str, authorization: AuthorizationHeader = None
-    ) -> dict[str, Any] | JSONResponse:
-        return await checkpoint_action(worker_id, authorization, "snapshot")
+    @router.post("/workers/{worker_id}/snapshot", response_model=None, dependencies=token_needed)
+    async def snapshot(worker_id: str) -> dict[str, Any] | JSONResponse:
+        return await checkpoint_action(worker_id, "snapshot")
 
-    @router.post("/workers/{worker_id}/resume", response_model=None)
-    async def resume(
-        worker_id: str, authorization: AuthorizationHeader = None
-    ) -> dict[str, Any] | JSONResponse:
-        return await checkpoint_action(worker_id, authorization, "resume")
+    @router.post("/workers/{worker_id}/resume", response_model=None, dependencies=token_needed)
+    async def resume(worker_id: str) -> dict[str, Any] | JSONResponse:
+        return await checkpoint_action(worker_id, "resume")
 
     return router
 

@@ -14,24 +14,23 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import hmac
 import json
 import logging
 import os
 import signal
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import Any
 from uuid import UUID
 
 import httpx
-from fastapi import APIRouter, Depends, Header, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
-from fastapi.routing import APIRoute
+from fastapi import APIRouter, Depends
+from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 from tfcommon.events import AllocationReleased, IsolationMode
 
+from tfagent.auth import RefusingRoute, bearer_token
 from tfagent.core.worker_env import WorkerLimits, worker_env
 
 log = logging.getLogger(__name__)
@@ -394,30 +393,6 @@ def _error(status: int, message: str, **extra: Any) -> JSONResponse:
     return JSONResponse({"error": message, **extra}, status_code=status)
 
 
-class _UnauthorisedError(Exception):
-    """The bearer-token check turned the request away; `response` is the 401 to send."""
-
-    def __init__(self, response: JSONResponse) -> None:
-        super().__init__(response.status_code)
-        self.response = response
-
-
-class _RefusingRoute(APIRoute):
-    """A route that answers an `_UnauthorisedError` raised by its token dependency with the error's own
-    401 response (the agent's `{"error": ...}` body, `WWW-Authenticate` header) instead of a 500."""
-
-    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
-        handle = super().get_route_handler()
-
-        async def handle_or_refuse(request: Request) -> Response:
-            try:
-                return await handle(request)
-            except _UnauthorisedError as refusal:
-                return refusal.response
-
-        return handle_or_refuse
-
-
 def build_workers_router(runner: WorkerRunner, api_token: SecretStr | None) -> APIRouter:
     """`POST /api/v1/workers` (start and stream) and `POST /api/v1/workers/{id}/signal` (token needed).
 
@@ -425,27 +400,16 @@ def build_workers_router(runner: WorkerRunner, api_token: SecretStr | None) -> A
     it gets 401 whatever its body (only a body that is not JSON at all is refused earlier, with 422).
     """
 
-    async def require_token(authorization: Annotated[str | None, Header()] = None) -> None:
-        if api_token is None:
-            raise _UnauthorisedError(
-                _error(
-                    401, "workers are disabled: set TF_API_TOKEN on the agent and send it as a bearer token"
-                )
-            )
-        scheme, _, presented = (authorization or "").partition(" ")
-        expected = api_token.get_secret_value().encode()
-        if scheme.lower() != "bearer" or not hmac.compare_digest(presented.strip().encode(), expected):
-            response = _error(
-                401, "missing or wrong bearer token: send `Authorization: Bearer <TF_API_TOKEN>`"
-            )
-            response.headers["WWW-Authenticate"] = "Bearer"
-            raise _UnauthorisedError(response)
+    require_token = bearer_token(
+        api_token,
+        disabled="workers are disabled: set TF_API_TOKEN on the agent and send it as a bearer token",
+    )
 
     router = APIRouter(
         prefix="/api/v1",
         tags=["workers"],
         dependencies=[Depends(require_token)],
-        route_class=_RefusingRoute,
+        route_class=RefusingRoute,
     )
 
     @router.post("/workers", response_model=None)
