@@ -12,9 +12,9 @@ workload's GPU classes until requests reach `inflate` x capacity, as in the trac
 is put in the smallest hole that fits it (a whole-GPU pod takes free cards); each card's final free
 share is credited to every free share it held while the cluster was between `WINDOW` full. Free
 shares below the smallest pod stay idle; others no card held often enough are interpolated between
-their neighbours. `rounds` > 1 places each further round by the last round's values instead of best
-fit (that does not settle, it swings between rounds, so 1 is the default). Pure and deterministic: the
-same workload gives the same values. `CardValueMeasure` turns them into a node measure: the default
+their neighbours. (Placing by the values themselves instead of best fit, round after round, does
+not settle: the values swing between rounds.) Pure and deterministic: the same workload gives the
+same values. `CardValueMeasure` turns them into a node measure: the default
 policy's rollout (rollout.py) keeps the candidate whose rollout grows it least.
 """
 
@@ -30,7 +30,6 @@ from tfcommon.placement.gradient import FRAGMENT_MEMO_LIMIT
 from tfcommon.placement.model import WHOLE_GPU_SHARE, Node
 
 DEFAULT_CARDS = 16384
-DEFAULT_ROUNDS = 1
 DEFAULT_INFLATE = 1.3
 WINDOW = (0.25, 0.95)
 """The cluster's allocation (share of capacity) between which visited free shares are credited."""
@@ -78,19 +77,13 @@ def calibrate_card_values(
     *,
     seed: int = 0,
     cards: int = DEFAULT_CARDS,
-    rounds: int = DEFAULT_ROUNDS,
     inflate: float = DEFAULT_INFLATE,
-    window: tuple[float, float] = WINDOW,
 ) -> CardValues:
     """Card values for `target` (see the module docstring); best fit's when it has no GPU classes."""
     shapes, weights = gpu_shapes(target)
-    values = CardValues.best_fit()
     if not shapes:
-        return values
-    for round_number in range(rounds):
-        rng = random.Random(f"card-values/{seed}/{round_number}")
-        values = _simulate(shapes, weights, values, rng, cards, inflate, window)
-    return values
+        return CardValues.best_fit()
+    return _simulate(shapes, weights, random.Random(f"card-values/{seed}/0"), cards, inflate)
 
 
 @lru_cache(maxsize=8)
@@ -103,20 +96,17 @@ def card_values_for(target: TargetWorkload) -> CardValues:
 def _simulate(
     shapes: tuple[_PodShape, ...],
     weights: tuple[float, ...],
-    values: CardValues,
     rng: random.Random,
     cards: int,
     inflate: float,
-    window: tuple[float, float],
 ) -> CardValues:
     capacity = cards * WHOLE_GPU_SHARE
     free = [WHOLE_GPU_SHARE] * cards
     by_free: dict[int, list[int]] = {WHOLE_GPU_SHARE: list(range(cards))}
     present: list[int] = [WHOLE_GPU_SHARE]
     visits: list[list[tuple[int, int]]] = [[(WHOLE_GPU_SHARE, _BEFORE)] for _ in range(cards)]
-    low, high = window[0] * capacity, window[1] * capacity
+    low, high = WINDOW[0] * capacity, WINDOW[1] * capacity
     requested = allocated = 0
-    idle = values.idle
 
     def take(free_share: int) -> int:
         bucket = by_free[free_share]
@@ -145,14 +135,10 @@ def _simulate(
         phase = _BEFORE if allocated < low else _DURING if allocated <= high else _AFTER
         chosen: list[int] = []
         for _ in range(shape.gpu_count):
-            best: tuple[float, int] | None = None
-            for free_share in present[bisect.bisect_left(present, shape.share) :]:
-                growth = idle[free_share - shape.share] - idle[free_share]
-                if best is None or growth < best[0]:
-                    best = (growth, free_share)
-            if best is None:
+            smallest_fit = bisect.bisect_left(present, shape.share)
+            if smallest_fit == len(present):
                 break
-            chosen.append(take(best[1]))
+            chosen.append(take(present[smallest_fit]))
         if len(chosen) < shape.gpu_count:
             for card in chosen:
                 put(card, free[card], phase)
