@@ -1,8 +1,9 @@
-"""`tfctl get pools|nodes|gpus|allocations|recommendations [--json]`: what the ledger holds, as tables.
+"""`tfctl get pools|nodes|gpus|allocations|workloads|recommendations [--json]`: what the ledger holds.
 
 Reads the scheduler's HTTP API (`--scheduler-url`, default `$TF_SCHEDULER_URL` or
 http://127.0.0.1:8080); `recommendations` reads the metrics service's (`--metrics-url`, default
-`$TF_METRICS_URL` or http://127.0.0.1:8090) and prints what `tfctl recommendations` prints.
+`$TF_METRICS_URL` or http://127.0.0.1:8090) and prints what `tfctl recommendations` prints. `workloads`
+lists placed and pending workloads (`-n NAMESPACE` for one namespace), each pending one with its reason.
 Exit codes: 0 shown, 1 the service did not answer.
 """
 
@@ -29,15 +30,16 @@ def scheduler_url(explicit: str | None) -> str:
     return (explicit or os.environ.get("TF_SCHEDULER_URL") or "http://127.0.0.1:8080").rstrip("/")
 
 
-KINDS = (*COLUMNS, "recommendations")
+KINDS = (*COLUMNS, "workloads", "recommendations")
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
-        "get", help="list pools, nodes, GPUs, allocations or recommendations", description=__doc__
+        "get", help="list pools, nodes, GPUs, allocations, workloads or recommendations", description=__doc__
     )
     parser.add_argument("kind", choices=KINDS, help=" | ".join(KINDS))
     parser.add_argument("--json", action="store_true", help="print JSON for scripts")
+    parser.add_argument("-n", "--namespace", help="workloads: only this namespace (default: all)")
     parser.add_argument("--scheduler-url", help="scheduler API base URL ($TF_SCHEDULER_URL)")
     parser.add_argument("--metrics-url", help="metrics API base URL ($TF_METRICS_URL), for recommendations")
     parser.set_defaults(handler=handler)
@@ -79,5 +81,11 @@ def handler(args: argparse.Namespace) -> int:
         print(f"tfctl get: the scheduler at {url} did not answer: {error}", file=sys.stderr)
         return 1
     rows = response.json()
+    if args.kind == "workloads":
+        from tfctl import workloads
+
+        rows = workloads.in_namespace(rows, args.namespace)
+        print(json.dumps(rows, indent=2) if args.json else workloads.render(rows))
+        return 0
     print(json.dumps(rows, indent=2) if args.json else render_table(args.kind, rows))
     return 0
