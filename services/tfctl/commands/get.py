@@ -16,7 +16,7 @@ import sys
 from typing import Any
 
 import httpx
-from tfcommon.quantities import format_bytes, format_milli
+from tfcommon.display import gib_text, tflops_text
 
 COLUMNS: dict[str, tuple[str, ...]] = {
     "pools": ("name", "placement_mode", "nodes", "ready_nodes", "gpus", "tflops", "vram"),
@@ -24,6 +24,10 @@ COLUMNS: dict[str, tuple[str, ...]] = {
     "gpus": ("uuid", "node", "index", "model", "phase", "tflops", "vram"),
     "allocations": ("id", "namespace", "name", "node", "qos", "state", "gpus"),
 }
+
+
+HEADERS = {"tflops": "TFLOPS AVAIL/TOTAL", "vram": "VRAM GiB AVAIL/TOTAL"}
+"""Column headers that say the unit and what the two figures are; other columns show their name."""
 
 
 def scheduler_url(explicit: str | None) -> str:
@@ -47,9 +51,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def _cell(row: dict[str, Any], column: str) -> str:
     if column == "tflops":
-        return f"{format_milli(row['available_tflops_milli'])}/{format_milli(row['capacity_tflops_milli'])}"
+        return f"{tflops_text(row['available_tflops_milli'])}/{tflops_text(row['capacity_tflops_milli'])}"
     if column == "vram":
-        return f"{format_bytes(row['available_vram_bytes'])}/{format_bytes(row['capacity_vram_bytes'])}"
+        return f"{gib_text(row['available_vram_bytes'])}/{gib_text(row['capacity_vram_bytes'])}"
     if column == "gpus" and isinstance(row.get("shares"), list):
         return ",".join(share["gpu_uuid"] for share in row["shares"])
     value = row.get(column)
@@ -57,8 +61,8 @@ def _cell(row: dict[str, Any], column: str) -> str:
 
 
 def render_table(kind: str, rows: list[dict[str, Any]]) -> str:
-    """Rows as an aligned text table; TFLOPS and VRAM shown as available/capacity."""
-    headers = [column.upper() for column in COLUMNS[kind]]
+    """Rows as an aligned text table; TFLOPS (in TFLOPS) and VRAM (in GiB) as available/total."""
+    headers = [HEADERS.get(column, column.upper()) for column in COLUMNS[kind]]
     cells = [[_cell(row, column) for column in COLUMNS[kind]] for row in rows]
     widths = [max(len(line[i]) for line in [headers, *cells]) for i in range(len(headers))]
     lines = [

@@ -237,9 +237,15 @@ async def test_the_service_places_over_http_from_node_agent_inventory_and_announ
                 "MODEL",
                 "PHASE",
                 "TFLOPS",
+                "AVAIL/TOTAL",
                 "VRAM",
+                "GiB",
+                "AVAIL/TOTAL",
             ]
-            assert sum(line.startswith(allocation["shares"][0]["gpu_uuid"]) for line in out.splitlines()) == 1
+            [held] = [
+                line for line in out.splitlines() if line.startswith(allocation["shares"][0]["gpu_uuid"])
+            ]
+            assert held.split()[-2:] == ["80/100", "64/80"]  # 20 TFLOPS and 16 GiB taken, in one unit each
             unauthorized = {key: value for key, value in environment.items() if key != "TF_API_TOKEN"}
             code, _out, err = await _tfctl("submit", "-f", str(pod), environment=unauthorized)
             assert code != 0
