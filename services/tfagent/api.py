@@ -1,8 +1,10 @@
 """The hypervisor API on :8001 (TensorFusion-compatible paths and `{"data": ...}` / `{"error": ...}` bodies).
 
-Reads come from the `NodeAgent`'s live state. Mutating endpoints (discover, snapshot, resume) require
-`Authorization: Bearer <TF_API_TOKEN>`, compared in constant time; TensorFusion's own API has no auth.
-Snapshot and resume answer 501 with how to move the workload instead unless a checkpoint backend exists.
+Reads come from the `NodeAgent`'s live state. Mutating endpoints (discover, and snapshot and resume where
+a checkpoint backend exists) require `Authorization: Bearer <TF_API_TOKEN>`, compared in constant time;
+TensorFusion's own API has no auth. Without a checkpoint backend, snapshot and resume change nothing: like
+TensorFusion's they answer 404 for an unknown worker, else 501, whatever the token, with how to move the
+workload instead.
 """
 
 from __future__ import annotations
@@ -88,6 +90,7 @@ def build_router(
     processes: WorkerProcesses | None = None,
 ) -> APIRouter:
     """The hypervisor API routes over `agent`; `api_token` unset means mutating endpoints are refused.
+    Without `checkpoint`, snapshot and resume take no token: they only answer 501 (or 404).
     `processes` gives the `tfctl run` process of an allocation (shown as `process` on workers)."""
     router = APIRouter(prefix="/api/v1", tags=["hypervisor"], route_class=RefusingRoute)
     token_needed = [
@@ -185,11 +188,13 @@ def build_router(
         run = checkpoint.snapshot if action == "snapshot" else checkpoint.resume
         return {"data": dict(await run(allocation))}
 
-    @router.post("/workers/{worker_id}/snapshot", response_model=None, dependencies=token_needed)
+    checkpoint_token = [] if checkpoint is None else token_needed
+
+    @router.post("/workers/{worker_id}/snapshot", response_model=None, dependencies=checkpoint_token)
     async def snapshot(worker_id: str) -> dict[str, Any] | JSONResponse:
         return await checkpoint_action(worker_id, "snapshot")
 
-    @router.post("/workers/{worker_id}/resume", response_model=None, dependencies=token_needed)
+    @router.post("/workers/{worker_id}/resume", response_model=None, dependencies=checkpoint_token)
     async def resume(worker_id: str) -> dict[str, Any] | JSONResponse:
         return await checkpoint_action(worker_id, "resume")
 

@@ -33,8 +33,14 @@ NO_SUCH_OBJECT = "00000000-0000-4000-8000-000000000001"
 """What fills every path parameter: a well-formed id that names no workload, worker or GPU."""
 PATH_PARAMETER = re.compile(r"\{[^}/]+\}")
 
+WITHOUT_CHECKPOINT_BACKEND = (
+    "the stack's agent has no checkpoint backend, so it changes nothing and answers 501 (404 for an "
+    "unknown worker) whatever the token, as TensorFusion's does; with a backend the token is required"
+)
 UNAUTHENTICATED_BY_DESIGN = {
     ("scheduler", "POST", "/api/v1/simulate-schedule"): "a what-if answer: it places and stores nothing",
+    ("node-agent", "POST", "/api/v1/workers/{worker_id}/snapshot"): WITHOUT_CHECKPOINT_BACKEND,
+    ("node-agent", "POST", "/api/v1/workers/{worker_id}/resume"): WITHOUT_CHECKPOINT_BACKEND,
 }
 """Documented mutating operations that take no bearer token on purpose, with the reason. The webhook's
 `POST /mutate-v1-pod` (authenticated by the API server's TLS) is not here: it is a raw route, outside

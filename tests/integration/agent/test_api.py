@@ -124,19 +124,36 @@ async def test_an_unknown_device_is_404_with_an_error_body(api: Api) -> None:
         ("/api/v1/devices/discover", {}),
         ("/api/v1/devices/discover", {"Authorization": "Bearer wrong"}),
         ("/api/v1/devices/discover", {"Authorization": TOKEN}),
-        ("/api/v1/workers/{worker}/snapshot", {}),
-        ("/api/v1/workers/{worker}/resume", {"Authorization": "Bearer wrong"}),
-        ("/api/v1/workers/unknown/snapshot", {}),
     ],
 )
 async def test_mutating_endpoints_refuse_a_missing_or_wrong_token(
     api: Api, path: str, headers: dict[str, str]
 ) -> None:
-    response = await api.client.post(path.format(worker=api.allocation.allocation_id), headers=headers)
+    response = await api.client.post(path, headers=headers)
 
     assert response.status_code == 401
     assert response.headers["WWW-Authenticate"] == "Bearer"
     assert "TF_API_TOKEN" in response.json()["error"]
+
+
+@pytest.mark.parametrize(
+    ("path", "headers"),
+    [
+        ("/api/v1/workers/{worker}/snapshot", {}),
+        ("/api/v1/workers/{worker}/resume", {"Authorization": "Bearer wrong"}),
+        ("/api/v1/workers/unknown/snapshot", {}),
+    ],
+)
+async def test_a_checkpoint_backend_takes_snapshot_and_resume_only_with_the_token(
+    path: str, headers: dict[str, str]
+) -> None:
+    backend = RecordingCheckpoint()
+    async with serving(checkpoint=backend) as api:
+        response = await api.client.post(path.format(worker=api.allocation.allocation_id), headers=headers)
+
+    assert response.status_code == 401
+    assert "TF_API_TOKEN" in response.json()["error"]
+    assert backend.calls == []
 
 
 async def test_without_a_configured_token_mutating_endpoints_are_disabled() -> None:
@@ -186,15 +203,25 @@ async def test_an_unknown_worker_is_404(api: Api) -> None:
     for response in (
         await api.client.get("/api/v1/workers/nobody"),
         await api.client.post("/api/v1/workers/nobody/snapshot", headers=AUTH),
-        await api.client.post("/api/v1/workers/nobody/resume", headers=AUTH),
+        await api.client.post("/api/v1/workers/nobody/resume"),
     ):
         assert response.status_code == 404
         assert "nobody" in response.json()["error"]
 
 
 @pytest.mark.parametrize("action", ["snapshot", "resume"])
-async def test_snapshot_and_resume_are_501_with_how_to_move_the_workload(api: Api, action: str) -> None:
-    response = await api.client.post(f"/api/v1/workers/{api.allocation.allocation_id}/{action}", headers=AUTH)
+@pytest.mark.parametrize(
+    ("configured", "headers"),
+    [(TOKEN, AUTH), (TOKEN, {}), (TOKEN, {"Authorization": "Bearer wrong"}), (None, {})],
+    ids=["right token", "no token", "wrong token", "agent without a token"],
+)
+async def test_snapshot_and_resume_are_501_with_how_to_move_the_workload_whatever_the_token(
+    action: str, configured: str | None, headers: dict[str, str]
+) -> None:
+    async with serving(token=configured) as api:
+        response = await api.client.post(
+            f"/api/v1/workers/{api.allocation.allocation_id}/{action}", headers=headers
+        )
 
     assert response.status_code == 501
     body = response.json()
