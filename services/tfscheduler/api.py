@@ -1,5 +1,6 @@
 """The scheduler's HTTP API (`/api/v1`): reads of pools, nodes, GPUs, allocations and workloads;
-submitting, evicting (the local Eviction API), deleting and simulating workloads. Mutating endpoints
+submitting, evicting (the local Eviction API), deleting and simulating workloads; cordoning and
+labelling nodes (`PATCH /api/v1/nodes/{name}`, what `tfctl cordon` and `tfctl label` send). Mutating endpoints
 need `Authorization: Bearer <TF_API_TOKEN>`; with no token configured they are refused.
 Thin: every decision is the `Scheduler`'s.
 """
@@ -11,12 +12,22 @@ from typing import Annotated, Any, Literal
 from uuid import UUID, uuid4
 
 from fastapi import APIRouter, Depends, Header, HTTPException, Query, Response
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
-from tfcommon.ledger.records import AllocationRecord
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+from tfcommon.ledger.records import OPERATOR_NODE_LABELS, AllocationRecord, NodeRecord
 from tfcommon.placement import PlacementRequestError
 
+from tfscheduler.core.quota import with_defaults
+from tfscheduler.core.refusals import (
+    ledger_cards,
+    never_fits,
+    takeover_full,
+    unknown_pool,
+    view_cards,
+)
+from tfscheduler.core.view import allocation_id_for, placement_request
 from tfscheduler.engine import Scheduler, placement_mode
 from tfscheduler.submission import Submission, WorkloadStatus
+from tfscheduler.takeovers import TakeoverCounter
 from tfscheduler.workloads import StoredWorkload
 
 GPU_MODEL_ANNOTATION = "tensor-fusion.ai/gpu-model"
@@ -64,6 +75,7 @@ def build_router(scheduler: Scheduler, api_token: SecretStr | None) -> APIRouter
             )
 
     authorized = [Depends(require_token)]
+    takeovers = TakeoverCounter(scheduler.ledger.engine)
 
     @router.get("/pools")
     async def pools() -> list[dict[str, Any]]:
@@ -87,24 +99,44 @@ def build_router(scheduler: Scheduler, api_token: SecretStr | None) -> APIRouter
             )
         return result
 
+    def node_listing(node: NodeRecord, gpus: list[Any]) -> dict[str, Any]:
+        return {
+            "name": node.name,
+            "pool": node.pool,
+            "schedulable": node.name not in scheduler.blocked,
+            "reason": scheduler.blocked.get(node.name),
+            "cordoned": node.cordoned,
+            "last_heartbeat_at": node.last_heartbeat_at,
+            "labels": node.labels,
+            "annotations": node.annotations,
+            "gpus": sum(1 for gpu in gpus if gpu.node == node.name),
+            **_totals([gpu for gpu in gpus if gpu.node == node.name]),
+        }
+
     @router.get("/nodes")
     async def nodes() -> list[dict[str, Any]]:
         gpus = await scheduler.ledger.list_gpus()
-        return [
-            {
-                "name": node.name,
-                "pool": node.pool,
-                "schedulable": node.name not in scheduler.blocked,
-                "reason": scheduler.blocked.get(node.name),
-                "cordoned": node.cordoned,
-                "last_heartbeat_at": node.last_heartbeat_at,
-                "labels": node.labels,
-                "annotations": node.annotations,
-                "gpus": sum(1 for gpu in gpus if gpu.node == node.name),
-                **_totals([gpu for gpu in gpus if gpu.node == node.name]),
-            }
-            for node in await scheduler.ledger.list_nodes()
-        ]
+        return [node_listing(node, gpus) for node in await scheduler.ledger.list_nodes()]
+
+    @router.patch(
+        "/nodes/{name}",
+        dependencies=authorized,
+        responses={404: {"description": "no node of that name is registered"}, **REFUSED_OR_INVALID},
+    )
+    async def patch_node(name: str, change: NodePatch) -> dict[str, Any]:
+        """Cordon or uncordon the node and set or remove its operator labels; answers the node."""
+        known = {node.name: node for node in await scheduler.ledger.list_nodes()}
+        if name not in known:
+            raise HTTPException(
+                404, f"no node {name!r}; registered: {', '.join(sorted(known)) or 'none'} (GET /api/v1/nodes)"
+            )
+        if change.cordoned is not None:
+            await scheduler.ledger.set_node_cordoned(name, change.cordoned)
+        for key, value in change.labels.items():
+            await scheduler.ledger.set_node_label(name, key, value)
+        await scheduler.node_changed(name)
+        node = next(node for node in await scheduler.ledger.list_nodes() if node.name == name)
+        return node_listing(node, await scheduler.ledger.list_gpus())
 
     @router.get("/gpus")
     async def gpus() -> list[dict[str, Any]]:
@@ -154,10 +186,17 @@ def build_router(scheduler: Scheduler, api_token: SecretStr | None) -> APIRouter
                 "model": WorkloadStatus,
                 "description": "accepted, pending: `reason` says what it waits for",
             },
+            409: {
+                "description": "not taken over: the workload's `takeover.limit` (enabled-replicas) pods "
+                "are already live; nothing is recorded (`detail` says so)"
+            },
             **REFUSED_OR_INVALID,
         },
     )
     async def submit(submission: Submission, response: Response) -> WorkloadStatus:
+        """Place a workload, or keep it pending with the reason. Refused (422, nothing recorded): an
+        unknown pool, or a request no node of the pool could hold even empty (the reason names the
+        largest that fits)."""
         if submission.workload.uid is None:
             workload = submission.workload
             live = await scheduler.store.live_by_name(workload.namespace, workload.name)
@@ -169,7 +208,20 @@ def build_router(scheduler: Scheduler, api_token: SecretStr | None) -> APIRouter
             submission = submission.model_copy(
                 update={"workload": submission.workload.model_copy(update={"uid": str(uuid4())})}
             )
-        status = await scheduler.submit(submission)
+        refusal = await _refusal(scheduler, submission)
+        if refusal is not None:
+            raise HTTPException(422, f"workload refused: {refusal}")
+        if submission.takeover is None:
+            status = await scheduler.submit(submission)
+        else:
+            claim = submission.takeover
+            async with takeovers.counting(
+                claim.workload_key, allocation_id_for(submission.workload)
+            ) as taken_over:
+                full = takeover_full(claim.workload_key, claim.limit, taken_over)
+                if full is not None:
+                    raise HTTPException(409, full)
+                status = await scheduler.submit(submission)
         if status.state == "refused":
             raise HTTPException(422, f"workload refused: {status.reason}")
         if status.state != "placed":
@@ -241,6 +293,56 @@ def build_router(scheduler: Scheduler, api_token: SecretStr | None) -> APIRouter
     return router
 
 
+class NodePatch(BaseModel):
+    """`PATCH /api/v1/nodes/{name}`: what to change on the node; fields left out stay as they are."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    cordoned: bool | None = Field(
+        default=None,
+        description="true: no new workload is placed on the node (kubectl cordon); false: uncordon",
+    )
+    labels: dict[str, Literal["true", "false"] | None] = Field(
+        default_factory=dict,
+        description="labels to set, or to remove with null; only tensor-fusion.ai/do-not-disrupt (the defrag "
+        "planner and compaction leave a node labelled true alone)",
+    )
+
+    @model_validator(mode="after")
+    def _operator_labels_only(self) -> NodePatch:
+        for key in self.labels:
+            if key not in OPERATOR_NODE_LABELS:
+                raise ValueError(
+                    f"labels: {key!r} cannot be set on a node in local mode; only "
+                    f"{', '.join(OPERATOR_NODE_LABELS)} can (other labels would not survive the node agent "
+                    "registering again)"
+                )
+        return self
+
+
+async def _refusal(scheduler: Scheduler, submission: Submission) -> str | None:
+    """Why `submission` is refused before it is recorded (`tfscheduler.core.refusals`), or None. The
+    view answers first; a refusal is confirmed against the ledger, which the view may lag behind."""
+    pool = submission.request.pool
+    known = {p.name for p in scheduler.config.gpu_pools} | {n.pool for n in scheduler.view.nodes.values()}
+    if pool not in known:
+        known |= {record.name for record in await scheduler.ledger.list_pools()}
+        if (refused := unknown_pool(pool, known)) is not None:
+            return refused
+    workload = submission.workload
+    try:
+        wanted = placement_request(
+            f"{workload.namespace}/{workload.name}",
+            with_defaults(scheduler.quotas.get(workload.namespace), submission.request),
+        )
+    except PlacementRequestError:
+        return None  # the scheduler refuses it with the reason
+    if never_fits(wanted, view_cards(scheduler.view.nodes.values(), pool)) is None:
+        return None
+    nodes, gpus = await scheduler.ledger.list_nodes(), await scheduler.ledger.list_gpus()
+    return never_fits(wanted, ledger_cards({node.name: node.pool for node in nodes}, gpus, pool))
+
+
 class Eviction(BaseModel):
     """`POST /api/v1/workloads/{id}/eviction`: why, and who announces it (`tf.evt.pod.evicted`)."""
 
@@ -268,6 +370,7 @@ def _listing(workload: StoredWorkload, record: AllocationRecord | None) -> dict[
         "pool": submission.request.pool,
         "node": record.node if record is not None else None,
         "gpu_uuids": [share.gpu_uuid for share in record.shares] if record is not None else [],
+        "gpu_count": submission.request.gpu_count,
         "labels": submission.labels,
         "annotations": annotations,
         "node_selector": submission.node_selector,

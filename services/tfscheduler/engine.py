@@ -43,6 +43,7 @@ from tfcommon.ledger.sql import BatchAbandonedError, SqlLedger
 from tfcommon.placement import (
     DEFAULT_POLICY,
     ClusterView,
+    Node,
     Placement,
     PlacementRequest,
     PlacementRequestError,
@@ -155,6 +156,8 @@ class Scheduler:
         self.heartbeat_intervals_ms: dict[str, int] = {}
         self.active: dict[UUID, Active] = {}
         self.holds: dict[UUID, HoldRecord] = {}
+        self.replaced_gpus: dict[UUID, tuple[str, frozenset[str]]] = {}
+        """A replacement's allocation id -> the node and GPUs of the workload it replaces (`evict`)."""
         self.capacity_freed = asyncio.Event()
         self._lock = asyncio.Lock()
         self._profiles: dict[str, Profile] = {}
@@ -733,7 +736,7 @@ class Scheduler:
         except PlacementRequestError:
             return None
         profile = self.profile(submission.request.pool)
-        outcome = place(wanted, self.view, profile)
+        outcome = self._place(stored, wanted, profile)
         if not isinstance(outcome, Rejection):
             return None
         priority = Priority.of(submission.priority, submission.request.qos)
@@ -785,7 +788,7 @@ class Scheduler:
             )
         except PlacementRequestError:
             return None
-        outcome = place(wanted, self.view, self.profile(submission.request.pool))
+        outcome = self._place(stored, wanted, self.profile(submission.request.pool))
         return None if isinstance(outcome, Rejection) else (outcome, submission.request)
 
     async def _try_place(
@@ -812,7 +815,7 @@ class Scheduler:
         priority = Priority.of(submission.priority, request.qos)
         refreshed = False
         for _attempt in range(MAX_PLACE_ATTEMPTS):
-            outcome = place(wanted, self.view, profile)
+            outcome = self._place(stored, wanted, profile)
             if isinstance(outcome, Rejection):
                 if not refreshed and self._may_full_refresh():
                     await self._full_refresh()
@@ -842,6 +845,33 @@ class Scheduler:
         return await self._wait(
             stored, "placement kept conflicting with other schedulers; will retry", None, cause, announce
         )
+
+    def _place(
+        self, stored: StoredWorkload, wanted: PlacementRequest, profile: Profile
+    ) -> Placement | Rejection:
+        """`place` in the view, except that a replacement goes on other GPUs than the ones of the workload it
+        replaces whenever any fit: an eviction without a cordon does not land it back where it was."""
+        replaced = self.replaced_gpus.get(stored.allocation_id)
+        node = self.view.nodes.get(replaced[0]) if replaced else None
+        if replaced and node is not None:
+            self.view.upsert(_with_gpus_full(node, replaced[1]))
+            try:
+                elsewhere = place(wanted, self.view, profile)
+            finally:
+                self.view.upsert(node)
+            if isinstance(elsewhere, Placement):
+                return elsewhere
+        return place(wanted, self.view, profile)
+
+    def _place_replacement_elsewhere(self, replacement: Submission, replaced: UUID) -> None:
+        """Remember the GPUs the evicted workload held, for `_place` to avoid with its replacement."""
+        active = self.active.get(replaced)
+        if active is None:
+            return
+        gpus = frozenset(share.gpu_uuid for share in active.record.shares)
+        self.replaced_gpus[allocation_id_for(replacement.workload)] = (active.record.node, gpus)
+        while len(self.replaced_gpus) > RECENT_REQUESTS:
+            self.replaced_gpus.pop(next(iter(self.replaced_gpus)))
 
     async def _reserve(self, reservation: ReservationRequest) -> ReservationResult:
         try:
@@ -985,6 +1015,7 @@ class Scheduler:
             return await self.submit(replacement)
         if stored.state != "placed":
             return None
+        self._place_replacement_elsewhere(replacement, allocation_id)
         async with self._lock:
             active = self.active.get(allocation_id)
             record = active.record if active else await self.ledger.get_allocation(allocation_id)
@@ -1117,6 +1148,17 @@ class Scheduler:
         else:
             result.update(placed=False, summary=unschedulable_summary(outcome, self.blocked))
         return result
+
+
+def _with_gpus_full(node: Node, gpu_uuids: frozenset[str]) -> Node:
+    """`node` as if nothing were left on the GPUs `gpu_uuids`."""
+    gpus = tuple(
+        replace(gpu, used_tflops_milli=gpu.tflops_milli, used_vram_bytes=gpu.vram_bytes)
+        if gpu.uuid in gpu_uuids
+        else gpu
+        for gpu in node.gpus
+    )
+    return replace(node, gpus=gpus)
 
 
 def _replacement_of(stored: StoredWorkload) -> Submission:

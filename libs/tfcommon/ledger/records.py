@@ -66,6 +66,9 @@ DEFRAG_SOURCE_MARKER = "tensor-fusion.ai/defrag-source"
 reservations there."""
 PLANNER_MARKER_PREFIXES = ("tensor-fusion.ai/defrag-", "tensor-fusion.ai/should-delete")
 """Node labels and annotations the defrag planner owns: a node's re-registration keeps them."""
+OPERATOR_NODE_LABELS = ("tensor-fusion.ai/do-not-disrupt",)
+"""Node labels an operator sets in local mode (`tfctl label node`, `PATCH /api/v1/nodes/{name}`): a node's
+re-registration keeps them too."""
 
 
 @dataclass(frozen=True)

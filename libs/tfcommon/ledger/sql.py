@@ -21,7 +21,7 @@ from uuid import UUID
 import psycopg
 import sqlalchemy as sa
 from sqlalchemy import Executable, Row, and_, select, text, update
-from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.dialects.postgresql import JSONB, insert
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
@@ -36,6 +36,7 @@ from tfcommon.events import (
 from tfcommon.ledger import tables
 from tfcommon.ledger.records import (
     DEFRAG_SOURCE_MARKER,
+    OPERATOR_NODE_LABELS,
     PLANNER_MARKER_PREFIXES,
     AllocationRecord,
     GpuRecord,
@@ -104,8 +105,9 @@ class SqlLedger:
 
     async def upsert_node(self, node: NodeSpec) -> None:
         """Create or update the node (and its pool). `cordoned` is left as it is on an update, and so
-        are the defrag planner's markers in `labels` and `annotations` (`PLANNER_MARKER_PREFIXES`): an
-        agent that registers again must not erase a drain in progress."""
+        are the defrag planner's markers in `labels` and `annotations` (`PLANNER_MARKER_PREFIXES`) and
+        the operator's labels (`OPERATOR_NODE_LABELS`): an agent that registers again must not erase a
+        drain in progress or a `do-not-disrupt`."""
         now = self._clock()
         values = {
             "name": node.name,
@@ -190,6 +192,20 @@ class SqlLedger:
             update(tables.node)
             .where(tables.node.c.name == node_name)
             .values(last_heartbeat_at=now, ready=ready, updated_at=now)
+            .returning(tables.node.c.name)
+        )
+        async with self.engine.begin() as connection:
+            return (await connection.execute(statement)).first() is not None
+
+    async def set_node_label(self, node_name: str, key: str, value: str | None) -> bool:
+        """Set the node's label `key` to `value`, or remove it when `value` is None; False when the node is
+        not registered."""
+        labels: Any = tables.node.c.labels
+        changed = labels.op("-")(key) if value is None else labels.op("||")(sa.literal({key: value}, JSONB))
+        statement = (
+            update(tables.node)
+            .where(tables.node.c.name == node_name)
+            .values(labels=changed, updated_at=self._clock())
             .returning(tables.node.c.name)
         )
         async with self.engine.begin() as connection:
@@ -707,9 +723,13 @@ async def _reserve_pipelined(
 
 
 def _planner_markers(column: Any) -> Any:
-    """The entries of a node's JSONB `column` the defrag planner owns, as a JSONB object (maybe empty)."""
+    """The entries of a node's JSONB `column` the defrag planner or the operator owns, as a JSONB object
+    (maybe empty)."""
     entry = sa.func.jsonb_each(column).table_valued("key", "value").render_derived()
-    owned = sa.or_(*(entry.c.key.startswith(prefix) for prefix in PLANNER_MARKER_PREFIXES))
+    owned = sa.or_(
+        *(entry.c.key.startswith(prefix) for prefix in PLANNER_MARKER_PREFIXES),
+        entry.c.key.in_(OPERATOR_NODE_LABELS),
+    )
     aggregated = (
         sa.select(sa.func.jsonb_object_agg(entry.c.key, entry.c.value)).where(owned).scalar_subquery()
     )
