@@ -3,8 +3,9 @@
 Pure data, no I/O: the metrics service computes it (`tfmetrics.core.recommendations`), the ledger keeps
 it (`tfcommon.ledger.recommendations`), the webhook applies it to newly admitted pods of a workload with
 `tensor-fusion.ai/autoscale: "true"`, and `tfctl get recommendations` shows it. Quantities are per GPU
-(milli-TFLOPS, bytes). A recommendation that is not `sufficient` (too few samples) repeats the current
-values and must not change a pod.
+(milli-TFLOPS, bytes) and never above the card the workload runs on. Only workloads that hold GPUs have
+one. A recommendation that is not `sufficient` (too few samples) repeats the current values and must not
+change a pod.
 """
 
 from __future__ import annotations

@@ -2,9 +2,10 @@
 
 `UsageWindow` holds each workload's samples (from `GpuUsageReported` worker rows) for the configured
 window, in memory: after a restart the window fills again while the stored recommendations stay.
-`Recommender.run_once` computes every active workload's recommendation (`tfmetrics.core
-.recommendations`) and upserts it in the ledger; `build_recommendations_router` serves
-`GET /api/v1/recommendations` with each one's expected hourly saving on the pool's current prices.
+`Recommender.run_once` computes the recommendation of every workload that holds GPUs now (`tfmetrics
+.core.recommendations`, capped at the card it runs on) and makes them the ledger's whole set: a workload
+that holds none any more (released, ended, deleted) loses its recommendation. `build_recommendations_router`
+serves `GET /api/v1/recommendations` with each one's expected hourly saving on the pool's current prices.
 """
 
 from __future__ import annotations
@@ -78,19 +79,23 @@ class Recommender:
     snapshot: Callable[[], ClusterSnapshot | None]
     clock: Callable[[], datetime]
 
-    def compute(self) -> list[Recommendation]:
+    def compute(self) -> list[Recommendation] | None:
+        """One recommendation per workload holding GPUs in the latest snapshot; None before the first."""
         snapshot = self.snapshot()
         if snapshot is None:
-            return []
+            return None
         now = self.clock()
         return [
             recommend(key, self.usage.samples(key, now), current, self.policy, now, self.usage.window)
-            for key, current in sorted(current_resources(snapshot.shares).items())
+            for key, current in sorted(current_resources(snapshot.shares, snapshot.gpus).items())
         ]
 
     async def run_once(self) -> list[Recommendation]:
+        """Store the computed set in place of the previous one (nothing is stored before a snapshot)."""
         recommendations = self.compute()
-        await self.store.save(recommendations)
+        if recommendations is None:
+            return []
+        await self.store.replace(recommendations)
         return recommendations
 
 

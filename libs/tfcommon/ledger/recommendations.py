@@ -1,6 +1,7 @@
 """`workload_recommendation` in the ledger: one row per workload, its latest autoscaling recommendation.
 
-Written only by the metrics service (`RecommendationStore.save`, an upsert per workload); read by the
+Written only by the metrics service (`RecommendationStore.replace`: an upsert per workload holding GPUs,
+the rows of the others deleted, in one transaction); read by the
 webhook through `RecommendationCache` (refreshed off the admission path) and by `tfctl get
 recommendations`. The table comes from Alembic revision `0006_metrics_recommendations`.
 """
@@ -48,6 +49,18 @@ def _record(row: sa.Row[object]) -> Recommendation:
     return Recommendation(**{name: getattr(row, name) for name in _FIELDS})
 
 
+def _rows(recommendations: Iterable[Recommendation]) -> list[dict[str, object]]:
+    return [{name: getattr(item, name) for name in _FIELDS} for item in recommendations]
+
+
+def _upsert(rows: list[dict[str, object]]) -> sa.Insert:
+    statement = insert(workload_recommendation).values(rows)
+    return statement.on_conflict_do_update(
+        index_elements=["workload_key"],
+        set_={name: statement.excluded[name] for name in _FIELDS if name != "workload_key"},
+    )
+
+
 class RecommendationStore:
     """The recommendations on Postgres: latest one per workload."""
 
@@ -56,16 +69,23 @@ class RecommendationStore:
 
     async def save(self, recommendations: Iterable[Recommendation]) -> int:
         """Insert or replace each workload's recommendation in one transaction; returns how many."""
-        rows = [{name: getattr(item, name) for name in _FIELDS} for item in recommendations]
-        if not rows:
-            return 0
-        statement = insert(workload_recommendation).values(rows)
-        statement = statement.on_conflict_do_update(
-            index_elements=["workload_key"],
-            set_={name: statement.excluded[name] for name in _FIELDS if name != "workload_key"},
-        )
+        rows = _rows(recommendations)
+        if rows:
+            async with self.engine.begin() as connection:
+                await connection.execute(_upsert(rows))
+        return len(rows)
+
+    async def replace(self, recommendations: Iterable[Recommendation]) -> int:
+        """Make these the whole stored set in one transaction: upsert each, delete every other workload's
+        row (a workload that holds no GPU any more is forgotten); returns how many are stored."""
+        rows = _rows(recommendations)
+        kept = [row["workload_key"] for row in rows]
         async with self.engine.begin() as connection:
-            await connection.execute(statement)
+            await connection.execute(
+                sa.delete(workload_recommendation).where(workload_recommendation.c.workload_key.not_in(kept))
+            )
+            if rows:
+                await connection.execute(_upsert(rows))
         return len(rows)
 
     async def all(self) -> list[Recommendation]:

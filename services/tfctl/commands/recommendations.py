@@ -1,10 +1,11 @@
 """`tfctl recommendations [--json]`: each workload's current GPU values beside its recommendation.
 
 Asks the metrics service's `GET /api/v1/recommendations` (URL from `--url`, else `TF_METRICS_URL`, else
-http://127.0.0.1:8090) and prints one row per workload: QoS, GPU count, TFLOPS and VRAM (request/limit
-per GPU) now and recommended, the samples behind it, the expected saving per hour on the pool's current
-prices, and why (a workload with too few samples keeps its values and says so). Pods of a workload
-annotated `tensor-fusion.ai/autoscale: "true"` are admitted with the recommendation.
+http://127.0.0.1:8090) and prints one row per workload: QoS, GPU count, TFLOPS (in TFLOPS) and VRAM (in
+GiB), request/limit per GPU, now and recommended, the samples behind it, the expected saving per hour on
+the pool's current prices, and why (a workload with too few samples keeps its values and says so). Only
+workloads that hold GPUs are listed. Pods of a workload annotated `tensor-fusion.ai/autoscale: "true"`
+are admitted with the recommendation. `--json` prints the API's exact integers.
 Exit codes: 0 printed, 1 the service refused or could not be reached.
 """
 
@@ -16,7 +17,7 @@ import os
 import sys
 from typing import Any
 
-from tfcommon.quantities import format_bytes, format_milli
+from tfcommon.display import gib_text, tflops_text
 
 DEFAULT_URL = "http://127.0.0.1:8090"
 EXIT_FAILED = 1
@@ -26,11 +27,12 @@ HEADER = (
     "GPUS",
     "TFLOPS NOW",
     "TFLOPS REC",
-    "VRAM NOW",
-    "VRAM REC",
+    "VRAM GiB NOW",
+    "VRAM GiB REC",
     "SAMPLES",
     "SAVING/H",
 )
+LEGEND = "TFLOPS and VRAM are per GPU, request/limit"
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -57,15 +59,16 @@ def fetch_recommendations(url: str) -> tuple[int, dict[str, Any]]:
 
 
 def _tflops(values: dict[str, int]) -> str:
-    return f"{format_milli(values['tflopsRequestMilli'])}/{format_milli(values['tflopsLimitMilli'])}"
+    return f"{tflops_text(values['tflopsRequestMilli'])}/{tflops_text(values['tflopsLimitMilli'])}"
 
 
 def _vram(values: dict[str, int]) -> str:
-    return f"{format_bytes(values['vramRequestBytes'])}/{format_bytes(values['vramLimitBytes'])}"
+    return f"{gib_text(values['vramRequestBytes'])}/{gib_text(values['vramLimitBytes'])}"
 
 
 def render_table(body: dict[str, Any]) -> str:
-    """One row per workload, then each workload's reason."""
+    """One row per workload (TFLOPS columns in TFLOPS, VRAM columns in GiB), the legend, then each
+    workload's reason."""
     items = body["recommendations"]
     if not items:
         return "no recommendations yet: the metrics service stores them once workloads hold GPUs\n"
@@ -88,6 +91,7 @@ def render_table(body: dict[str, Any]) -> str:
         "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
         for row in [HEADER, *rows]
     ]
+    lines.append(LEGEND)
     lines.extend(f"{item['workload']}: {item['reason']}" for item in items)
     return "\n".join(lines) + "\n"
 

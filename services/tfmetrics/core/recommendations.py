@@ -5,7 +5,9 @@ For one workload, the samples are the agents' per-GPU usage reports of its worke
 nearest-rank percentiles plus a safety margin: lower (p50), target (p90) and upper (p95) by default.
 As in TensorFusion, the QoS picks the request: `critical` the upper bound, `high` the target, `low` and
 `medium` the lower bound. The limit keeps the workload's current limit-to-request ratio (never below
-the request). Below `min_samples` the recommendation repeats the current values and says so.
+the request). Request and limit never exceed the card the workload runs on (the smallest of its GPUs):
+a margin on a full card would ask for more than any such card has. Below `min_samples` the
+recommendation repeats the current values and says so.
 Integers only (milli-TFLOPS, bytes); no clock: the caller passes `now`.
 """
 
@@ -18,11 +20,11 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from fractions import Fraction
 
-from tfcommon.quantities import format_bytes, format_milli
+from tfcommon.display import gib_text, tflops_text
 from tfcommon.recommendations import Recommendation, workload_key
 
 from tfmetrics.core.billing import BillableShare, PoolPricing, PriceBook, share_cost
-from tfmetrics.core.series import WorkerShare
+from tfmetrics.core.series import GpuState, WorkerShare
 
 MIB = 1024 * 1024
 _HOUR_START = datetime(2000, 1, 1, tzinfo=UTC)
@@ -41,8 +43,17 @@ class UsagePoint:
 
 
 @dataclass(frozen=True)
+class Card:
+    """The GPU a workload runs on, as a bound: its model and capacity (the smallest of its GPUs')."""
+
+    model: str
+    tflops_milli: int
+    vram_bytes: int
+
+
+@dataclass(frozen=True)
 class CurrentResources:
-    """What the workload holds now, per GPU, and where."""
+    """What the workload holds now, per GPU, and where; `card` None when its GPUs are not known."""
 
     pool: str
     qos: str
@@ -51,6 +62,7 @@ class CurrentResources:
     limit_tflops_milli: int
     request_vram_bytes: int
     limit_vram_bytes: int
+    card: Card | None = None
 
 
 @dataclass(frozen=True)
@@ -161,33 +173,44 @@ def recommend(
     vram = bounds([point.vram_bytes for point in samples], policy, policy.min_vram_bytes)
     request_tflops = tflops.for_qos(current.qos)
     request_vram = vram.for_qos(current.qos)
+    limit_tflops = _scaled_limit(
+        request_tflops, current.request_tflops_milli, current.limit_tflops_milli, tflops.upper
+    )
+    limit_vram = _scaled_limit(request_vram, current.request_vram_bytes, current.limit_vram_bytes, vram.upper)
     percent = {
         "upper bound": policy.upper_percentile,
         "target": policy.target_percentile,
         "lower bound": policy.lower_percentile,
     }[_bound_name(current.qos)]
+    reason = (
+        f"{current.qos} QoS gets the {_bound_name(current.qos)}: p{percent} of {count} samples in the "
+        f"last {_duration(window)} plus {policy.margin_percent}% "
+        f"(TFLOPS {tflops_text(request_tflops)}, VRAM {gib_text(request_vram)} GiB); "
+        "limits keep the current limit-to-request ratio"
+    )
+    card = current.card
+    if card is not None and (limit_tflops > card.tflops_milli or limit_vram > card.vram_bytes):
+        request_tflops, limit_tflops = (
+            min(value, card.tflops_milli) for value in (request_tflops, limit_tflops)
+        )
+        request_vram, limit_vram = (min(value, card.vram_bytes) for value in (request_vram, limit_vram))
+        reason += (
+            f"; capped at the {card.model} it runs on ({tflops_text(card.tflops_milli)} TFLOPS, "
+            f"{gib_text(card.vram_bytes)} GiB)"
+        )
     return Recommendation(
         workload_key=workload_key,
         pool=current.pool,
         qos=current.qos,
         gpu_count=current.gpu_count,
         request_tflops_milli=request_tflops,
-        limit_tflops_milli=_scaled_limit(
-            request_tflops, current.request_tflops_milli, current.limit_tflops_milli, tflops.upper
-        ),
+        limit_tflops_milli=limit_tflops,
         request_vram_bytes=request_vram,
-        limit_vram_bytes=_scaled_limit(
-            request_vram, current.request_vram_bytes, current.limit_vram_bytes, vram.upper
-        ),
+        limit_vram_bytes=limit_vram,
         **_current_fields(current),
         sample_count=count,
         sufficient=True,
-        reason=(
-            f"{current.qos} QoS gets the {_bound_name(current.qos)}: p{percent} of {count} samples in the "
-            f"last {_duration(window)} plus {policy.margin_percent}% "
-            f"(TFLOPS {format_milli(request_tflops)}, VRAM {format_bytes(request_vram)}); "
-            "limits keep the current limit-to-request ratio"
-        ),
+        reason=reason,
         computed_at=now,
     )
 
@@ -249,12 +272,16 @@ def hourly_saving(recommendation: Recommendation, book: PriceBook) -> Decimal:
     return (Decimal(difference.numerator) / Decimal(difference.denominator)).quantize(Decimal("0.000001"))
 
 
-def current_resources(shares: Iterable[WorkerShare]) -> dict[str, CurrentResources]:
+def current_resources(
+    shares: Iterable[WorkerShare], gpus: Iterable[GpuState] = ()
+) -> dict[str, CurrentResources]:
     """What each workload (`namespace/workload`) holds now, from the active GPU shares.
 
     Per GPU: the largest request and limit among its pods; `gpu_count` is the most GPUs one pod holds.
-    The QoS and pool are the most demanding pod's (highest QoS, then pool name).
+    The QoS and pool are the most demanding pod's (highest QoS, then pool name). `card` is the smallest
+    capacity among the `gpus` its shares are on (None when none of them is in `gpus`).
     """
+    by_uuid = {gpu.uuid: gpu for gpu in gpus}
     by_workload: dict[str, dict[str, list[WorkerShare]]] = defaultdict(lambda: defaultdict(list))
     for share in shares:
         by_workload[workload_key(share.namespace, share.workload)][share.allocation_id].append(share)
@@ -270,8 +297,20 @@ def current_resources(shares: Iterable[WorkerShare]) -> dict[str, CurrentResourc
             limit_tflops_milli=max(share.limit_tflops_milli for share in every),
             request_vram_bytes=max(share.request_vram_bytes for share in every),
             limit_vram_bytes=max(share.limit_vram_bytes for share in every),
+            card=_smallest_card([by_uuid[share.gpu_uuid] for share in every if share.gpu_uuid in by_uuid]),
         )
     return result
+
+
+def _smallest_card(gpus: Sequence[GpuState]) -> Card | None:
+    known = [gpu for gpu in gpus if gpu.capacity_tflops_milli > 0 and gpu.capacity_vram_bytes > 0]
+    if not known:
+        return None
+    return Card(
+        model="/".join(sorted({gpu.model for gpu in known})),
+        tflops_milli=min(gpu.capacity_tflops_milli for gpu in known),
+        vram_bytes=min(gpu.capacity_vram_bytes for gpu in known),
+    )
 
 
 _QOS_RANK = {"low": 0, "medium": 1, "high": 2, "critical": 3}

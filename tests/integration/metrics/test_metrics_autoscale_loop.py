@@ -115,13 +115,15 @@ class SteppedClock:
         return self.now
 
 
-def holding(namespace: str, workload: str, gpu: str, qos: QoS, **extra: Any) -> ReservationRequest:
+def holding(
+    namespace: str, workload: str, gpu: str, qos: QoS, node: str = "node-rec", **extra: Any
+) -> ReservationRequest:
     """20 TFLOPS / 4 GiB, limits 40 TFLOPS / 8 GiB, on one GPU."""
     return ReservationRequest(
         allocation_id=uuid.uuid4(),
         workload=WorkloadRef(namespace=namespace, name=f"{workload}-0", workload=workload),
         pool="training",
-        node="node-rec",
+        node=node,
         shares=(ShareRequest(gpu, 20_000, 4 * GIB, limit_tflops_milli=40_000, limit_vram_bytes=8 * GIB),),
         qos=qos,
         **extra,
@@ -183,31 +185,42 @@ async def stack(
         await ledger.close()
 
 
-async def report_usage(nats_url: str, gpu: str, count: int) -> None:
-    """`count` reports of ml-team-a/trainer using i TFLOPS and i x 256 MiB (i = 1..count), a second apart."""
+async def report_usage(
+    nats_url: str,
+    gpu: str,
+    count: int,
+    *,
+    node: str = "node-rec",
+    workload: tuple[str, str] = ("ml-team-a", "trainer"),
+    usage: Callable[[int], tuple[int, int]] = lambda i: (i * 1000, i * 256 * MIB),
+) -> None:
+    """`count` reports of `node`, a second apart, of `workload` (namespace, name) using `usage(i)`
+    (milli-TFLOPS, bytes) for i = 1..count; by default ml-team-a/trainer using i TFLOPS and i x 256 MiB."""
+    namespace, name = workload
     bus = await NatsEventBus.connect(nats_url, service="test-agent")
     start = datetime.now(UTC) - timedelta(seconds=count + 1)
     try:
         for i in range(1, count + 1):
             moment = start + timedelta(seconds=i)
+            tflops_milli, memory_bytes = usage(i)
             await bus.publish(
                 GpuUsageReported(
                     event_id=uuid.uuid4(),
                     occurred_at=moment,
-                    node="node-rec",
+                    node=node,
                     pool="training",
                     sampled_at=moment,
                     interval_ms=1000,
                     workers=(
                         WorkerUsage(
                             uuid=gpu,
-                            namespace="ml-team-a",
-                            pod_name="trainer-0",
-                            workload="trainer",
-                            worker="trainer-0",
+                            namespace=namespace,
+                            pod_name=f"{name}-0",
+                            workload=name,
+                            worker=f"{name}-0",
                             compute_percentage=float(i),
-                            compute_tflops_milli=i * 1000,
-                            memory_bytes=i * 256 * MIB,
+                            compute_tflops_milli=tflops_milli,
+                            memory_bytes=memory_bytes,
                             memory_percentage=float(i),
                         ),
                     ),
@@ -268,24 +281,26 @@ async def test_usage_becomes_a_recommendation_that_tfctl_shows_and_the_webhook_a
             "GPUS",
             "TFLOPS NOW",
             "TFLOPS REC",
-            "VRAM NOW",
-            "VRAM REC",
+            "VRAM GiB NOW",
+            "VRAM GiB REC",
             "SAMPLES",
             "SAVING/H",
         )
     ]
+    # One unit per column: TFLOPS in TFLOPS (10350m is 10.35), VRAM in GiB (2649.6 MiB is 2.59).
     assert table[1].split() == [
         "ml-team-a/trainer",
         "high",
         "1",
         "20/40",
-        "10350m/20700m",
-        "4Gi/8Gi",
-        f"{vram_request}/{2 * vram_request}",
+        "10.35/20.7",
+        "4/8",
+        "2.59/5.18",
         "10",
         "0.187125",
     ]
-    assert table[2].split() == ["ml-team-b/server", "medium", "1", "20/40", "-", "4Gi/8Gi", "-", "0", "-"]
+    assert table[2].split() == ["ml-team-b/server", "medium", "1", "20/40", "-", "4/8", "-", "0", "-"]
+    assert table[3] == "TFLOPS and VRAM are per GPU, request/limit"
     assert any(line.startswith("ml-team-b/server: too few samples: 0 in the last 1d") for line in table)
     assert await asyncio.to_thread(tfctl_main, ["recommendations", "--json", "--url", stack["url"]]) == 0
     assert json.loads(capsys.readouterr().out)["recommendations"][0]["workload"] == "ml-team-a/trainer"
@@ -322,6 +337,53 @@ async def test_usage_becomes_a_recommendation_that_tfctl_shows_and_the_webhook_a
     )
     assert annotations["tensor-fusion.ai/vram-request"] != "4Gi"
     assert "on 10 samples applied" in annotations["tensor-fusion.ai/autoscale-source"]
+
+
+async def test_a_recommendation_never_exceeds_the_card_and_is_forgotten_with_its_workload(
+    stack: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    ledger: SqlLedger = stack["ledger"]
+    node, gpu = "node-rec-h100", f"gpu-{uuid.uuid4()}"
+    await ledger.upsert_node(NodeSpec(name=node, pool="training"))
+    await ledger.upsert_gpu(GpuSpec(gpu, node, 0, "H100", "nvidia", 989_400, 80 * GIB))
+    held = await ledger.reserve(holding("ml-team-c", "filler", gpu, "critical", node=node))
+    assert isinstance(held, Reserved)
+    # It uses the whole card: p95 plus 15% would be 1137.81 TFLOPS and 92 GiB, the limits twice that.
+    await report_usage(
+        stack["nats_url"],
+        gpu,
+        10,
+        node=node,
+        workload=("ml-team-c", "filler"),
+        usage=lambda i: (989_400, 80 * GIB),
+    )
+
+    async def filler_recommended() -> dict[str, Any] | None:
+        filler = (await recommendations(stack["url"])).get("ml-team-c/filler")
+        return filler if filler is not None and filler["sampleCount"] == 10 else None
+
+    filler = await eventually(filler_recommended)
+    assert filler["recommended"] == {
+        "tflopsRequestMilli": 989_400,
+        "tflopsLimitMilli": 989_400,
+        "vramRequestBytes": 80 * GIB,
+        "vramLimitBytes": 80 * GIB,
+    }
+    assert filler["reason"].endswith("; capped at the H100 it runs on (989.4 TFLOPS, 80 GiB)")
+    assert await asyncio.to_thread(tfctl_main, ["recommendations", "--url", stack["url"]]) == 0
+    [row] = [line for line in capsys.readouterr().out.splitlines() if line.startswith("ml-team-c/filler ")]
+    assert row.split()[3:7] == ["20/40", "989.4/989.4", "4/8", "80/80"]
+
+    assert await ledger.release(held.allocation.allocation_id, "pod-deleted")
+
+    async def filler_forgotten() -> dict[str, dict[str, Any]] | None:
+        items = await recommendations(stack["url"])
+        return items if "ml-team-c/filler" not in items else None
+
+    remaining = await eventually(filler_forgotten)
+    assert {"ml-team-a/trainer", "ml-team-b/server"} <= set(remaining)
+    assert await asyncio.to_thread(tfctl_main, ["get", "recommendations", "--metrics-url", stack["url"]]) == 0
+    assert "ml-team-c/filler" not in capsys.readouterr().out
 
 
 def a_recommendation(key: str, tflops: int) -> Recommendation:

@@ -14,6 +14,7 @@ from tfcommon.events import GpuUsageReported, WorkerUsage
 from tfcommon.recommendations import Recommendation
 from tfmetrics.core.billing import PriceBook, QosPrice
 from tfmetrics.core.recommendations import (
+    Card,
     CurrentResources,
     RecommendationPolicy,
     RecommendationPolicyError,
@@ -23,7 +24,7 @@ from tfmetrics.core.recommendations import (
     percentile,
     recommend,
 )
-from tfmetrics.core.series import WorkerShare
+from tfmetrics.core.series import GpuState, WorkerShare
 from tfmetrics.recommender import UsageWindow
 
 MIB = 1024**2
@@ -149,6 +150,43 @@ def test_the_expected_saving_is_the_hourly_price_difference_over_all_gpus() -> N
     assert hourly_saving(recommendation, book) == Decimal("0.420000")
 
 
+H100 = Card("H100", tflops_milli=989_400, vram_bytes=80 * GIB)
+
+
+@pytest.mark.parametrize("qos", ["low", "high", "critical"])
+def test_a_workload_filling_its_card_is_never_recommended_more_than_the_card(qos: str) -> None:
+    full_card = [UsagePoint(989_400, 80 * GIB)] * 40
+    on_h100 = CurrentResources("training", qos, 1, 500_000, 989_400, 40 * GIB, 80 * GIB, card=H100)
+
+    result = recommend("team-a/trainer", full_card, on_h100, POLICY, NOW, DAY)
+
+    # Uncapped: 989.4 x 1.15 = 1137.81 TFLOPS and 92 GiB, limits twice that.
+    assert (result.request_tflops_milli, result.limit_tflops_milli) == (989_400, 989_400)
+    assert (result.request_vram_bytes, result.limit_vram_bytes) == (80 * GIB, 80 * GIB)
+    assert result.reason.endswith("; capped at the H100 it runs on (989.4 TFLOPS, 80 GiB)")
+
+
+def test_only_what_exceeds_the_card_is_capped() -> None:
+    on_h100 = CurrentResources("training", "high", 1, 20_000, 40_000, 4 * GIB, 80 * GIB, card=H100)
+
+    result = recommend("team-a/trainer", SAMPLES, on_h100, POLICY, NOW, DAY)
+
+    # VRAM: p90 = 9000 MiB + 15% = 10350 MiB; the 20x limit ratio would ask for 202 GiB.
+    assert (result.request_tflops_milli, result.limit_tflops_milli) == (103_500, 207_000)
+    assert (result.request_vram_bytes, result.limit_vram_bytes) == (10350 * MIB, 80 * GIB)
+    assert "(TFLOPS 103.5, VRAM 10.11 GiB)" in result.reason
+    assert "capped at the H100" in result.reason
+
+
+def test_a_recommendation_within_the_card_says_nothing_of_it() -> None:
+    within = CurrentResources("training", "high", 1, 20_000, 40_000, 4 * GIB, 8 * GIB, card=H100)
+
+    result = recommend("team-a/trainer", SAMPLES, within, POLICY, NOW, DAY)
+
+    assert result.limit_vram_bytes == 2 * 10350 * MIB
+    assert "capped" not in result.reason
+
+
 def test_current_resources_group_the_active_shares_by_workload() -> None:
     def share(allocation: str, pod: str, gpu: str, qos: str = "medium") -> WorkerShare:
         return WorkerShare(
@@ -165,6 +203,24 @@ def test_current_resources_group_the_active_shares_by_workload() -> None:
     assert current == {
         "team-a/trainer": CurrentResources("training", "high", 2, 10_000, 20_000, GIB, 2 * GIB),
     }
+
+
+def test_current_resources_know_the_smallest_card_each_workload_runs_on() -> None:
+    def gpu(uuid: str, model: str, tflops: int, vram_gib: int) -> GpuState:
+        return GpuState(uuid, "node-a", 0, model, "Running", tflops, vram_gib * GIB, 0, 0)
+
+    def share(workload: str, gpu: str) -> WorkerShare:
+        return WorkerShare(
+            "a-" + gpu, "team-a", f"{workload}-0", workload, "low", "training", gpu, 1, 1, 1, 1
+        )
+
+    current = current_resources(
+        [share("mixed", "g0"), share("mixed", "g1"), share("unknown", "g9")],
+        [gpu("g0", "H100", 989_400, 80), gpu("g1", "A100-40G", 312_000, 40)],
+    )
+
+    assert current["team-a/mixed"].card == Card("A100-40G/H100", 312_000, 40 * GIB)
+    assert current["team-a/unknown"].card is None
 
 
 def a_report(node: str, at: datetime, *workers: tuple[str, int]) -> GpuUsageReported:
