@@ -190,6 +190,11 @@ class AgentSettings(ServiceSettings):
     agent_kubeconfig: Path | None = Field(
         default=None, description="kubeconfig file outside a cluster; in a pod its service account is used"
     )
+    agent_state_dir: Path = Field(
+        default=Path("~/.local/state/tfpool/agent"),
+        description="where the agent journals its running `tfctl run` workers, so that a restarted agent "
+        "stops and releases what a crashed one left (`tfctl up` sets STATE_DIR/agent)",
+    )
 
 
 class MetricsSettings(ServiceSettings):

@@ -34,6 +34,7 @@ from tfcommon.settings import AgentSettings
 from tfagent.adapters.nvml import NvmlGpuProbe, NvmlUnavailableError, load_pynvml
 from tfagent.adapters.process_owners import HostProcessOwners
 from tfagent.adapters.simulated import FakeGpuSpecError, SimulatedGpuProbe, parse_fake_gpus
+from tfagent.adapters.worker_journal import WorkerJournal
 from tfagent.agent import AgentTimers, NodeAgent
 from tfagent.api import build_router
 from tfagent.commands import NodeCommands
@@ -132,6 +133,12 @@ async def compose(context: ServiceContext[AgentSettings]) -> Components:
 
     commands = NodeCommands(node, agent, runner, context.ledger)
 
+    async def supervise_workers() -> None:
+        await runner.recover(commands.release_in_ledger, context.stopping)
+        await context.stopping.wait()
+        # Before the HTTP server waits for open streams: a worker's stream ends when its command does.
+        await runner.close()
+
     async def run_commands() -> None:
         await run_pull_consumer(
             context.bus.js,
@@ -146,6 +153,7 @@ async def compose(context: ServiceContext[AgentSettings]) -> Components:
         "agent": run_agent,
         "track-allocations": track_allocations,
         "run-commands": run_commands,
+        "workers": supervise_workers,
     }
     if custom_resources is not None:
         tasks["kubernetes-status"] = partial(custom_resources.run, context.stopping)
@@ -194,6 +202,7 @@ def worker_runner(
         limiter_library=settings.limiter_library,
         on_started=None if registry is None else registry.register_pid,
         on_ended=None if registry is None else registry.forget_pid,
+        journal=WorkerJournal(settings.agent_state_dir.expanduser() / "workers" / node),
     )
 
 

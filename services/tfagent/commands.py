@@ -119,27 +119,34 @@ class NodeCommands:
         )
 
     def _release(self, allocation_id: UUID, command: StartWorker) -> Release:
-        async def release(reason: str) -> None:
-            delay = RELEASE_FIRST_RETRY_S
-            for attempt in range(1, RELEASE_ATTEMPTS + 1):
-                try:
-                    await self._ledger.release(allocation_id, reason, command.event_id)
-                    return
-                except (DBAPIError, OSError) as error:
-                    log.warning(
-                        "releasing %s failed (attempt %d): %s", allocation_id, attempt, error, exc_info=False
-                    )
-                if attempt < RELEASE_ATTEMPTS:
-                    await asyncio.sleep(delay)
-                    delay *= 2
-            log.error(
-                "allocation %s not released; release it with DELETE /api/v1/workloads/%s on the scheduler",
-                allocation_id,
-                allocation_id,
-                extra={"event": "command.release", "outcome": "error"},
-            )
+        async def release(reason: str) -> bool:
+            return await self.release_in_ledger(allocation_id, reason, command.event_id)
 
         return release
+
+    async def release_in_ledger(self, allocation_id: UUID, reason: str, cause: UUID | None = None) -> bool:
+        """Close a bus-started worker's allocation in the ledger, retrying a database error a few times;
+        True once closed (or already closed)."""
+        delay = RELEASE_FIRST_RETRY_S
+        for attempt in range(1, RELEASE_ATTEMPTS + 1):
+            try:
+                await self._ledger.release(allocation_id, reason, cause)
+                return True
+            except (DBAPIError, OSError) as error:
+                log.warning(
+                    "releasing %s failed (attempt %d): %s", allocation_id, attempt, error, exc_info=False
+                )
+            if attempt < RELEASE_ATTEMPTS:
+                await asyncio.sleep(delay)
+                delay *= 2
+        log.error(
+            "allocation %s not released now; the agent releases it when it next starts, or run: "
+            "tfctl delete workload %s",
+            allocation_id,
+            allocation_id,
+            extra={"event": "command.release", "outcome": "error"},
+        )
+        return False
 
     def _refused(self, command: StartWorker, reason: str, outcome: str, level: int = logging.ERROR) -> None:
         log.log(

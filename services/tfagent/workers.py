@@ -5,8 +5,14 @@ stream of NDJSON frames (`started`, `output` with base64 data, `exited`) for as 
 `POST /api/v1/workers/{id}/signal` forwards a signal to the command's process group. When the command
 ends, or the streaming connection drops (tfctl was killed: the agent stops the command, SIGTERM then
 SIGKILL after the grace period), the agent releases the allocation through the scheduler's API. Both
-endpoints need `Authorization: Bearer <TF_API_TOKEN>`. Decisions on the environment live in
-`tfagent.core.worker_env`; this module only runs processes and talks HTTP.
+endpoints need `Authorization: Bearer <TF_API_TOKEN>`.
+
+A worker's environment is the caller's (`env`: the user's shell, as `tfctl run` sends it) plus what its
+grant sets; nothing of the agent's own environment (its token, its database URL) reaches it. When the
+agent stops, it stops its workers (SIGTERM, SIGKILL after the grace period) and releases them; each
+running worker is written in a journal (`tfagent.adapters.worker_journal`), so what an agent that died
+left behind is stopped and released when it starts again (`WorkerRunner.recover`). Decisions on the
+environment live in `tfagent.core.worker_env`; this module only runs processes and talks HTTP.
 """
 
 from __future__ import annotations
@@ -29,7 +35,9 @@ from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 from tfcommon.events import AllocationReleased, IsolationMode
+from tfcommon.infra import die_with_parent
 
+from tfagent.adapters.worker_journal import JournalEntry, WorkerJournal, process_start_time
 from tfagent.auth import RefusingRoute, bearer_token
 from tfagent.core.worker_env import WorkerLimits, worker_env
 
@@ -40,10 +48,16 @@ BUFFERED_FRAMES = 256
 EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND = 126, 127
 RELEASE_ATTEMPTS = 5
 RELEASE_FIRST_RETRY_S = 0.5
+RECOVERY_RETRY_MAX_S = 5.0
+STOPPING_GRACE_MAX_S = 10.0
 NDJSON = "application/x-ndjson"
 
-Release = Callable[[str], Awaitable[None]]
-"""Closes a worker's allocation once the worker has ended; given the reason, in words."""
+Release = Callable[[str], Awaitable[bool]]
+"""Closes a worker's allocation once the worker has ended; given the reason, in words. True once the
+allocation is closed (or was already), False when it could not be released now."""
+
+LedgerRelease = Callable[[UUID, str], Awaitable[bool]]
+"""Closes an allocation in the ledger (for workers started by a bus command); True once closed."""
 
 
 class RunWorkerRequest(BaseModel):
@@ -151,8 +165,10 @@ class WorkerRunner:
         limiter_library: str | None = None,
         on_started: Callable[[int, UUID], None] | None = None,
         on_ended: Callable[[int], None] | None = None,
+        journal: WorkerJournal | None = None,
     ) -> None:
         self.node = node
+        self._journal = journal
         self._api_token = api_token
         self._capacity_milli = capacity_milli
         self._limiter_library = limiter_library
@@ -192,7 +208,7 @@ class WorkerRunner:
             tflops_limit_milli=request.tflops_limit_milli,
         )
         granted = worker_env(limits, self._capacity_milli(), self._limiter_library)
-        environment = {**os.environ, **request.env, **granted}
+        environment = {**request.env, **granted}
         try:
             process = await asyncio.create_subprocess_exec(
                 *request.argv,
@@ -202,6 +218,7 @@ class WorkerRunner:
                 env=environment,
                 cwd=request.working_dir,
                 start_new_session=True,
+                preexec_fn=die_with_parent(signal.SIGTERM),
             )
         except FileNotFoundError as error:
             self._in_background(self._release(request) if release is None else release("command not found"))
@@ -218,6 +235,17 @@ class WorkerRunner:
             ) from None
         worker = Worker(request, process, datetime.now(UTC), granted, release=release, log_output=log_output)
         self._workers[request.allocation_id] = worker
+        if self._journal is not None:
+            self._journal.record(
+                JournalEntry(
+                    allocation_id=request.allocation_id,
+                    pid=process.pid,
+                    process_started=process_start_time(process.pid),
+                    argv0=request.argv[0],
+                    scheduler_url=request.scheduler_url if release is None else None,
+                    grace_s=request.grace_s,
+                )
+            )
         if self._on_started is not None:
             self._on_started(process.pid, request.allocation_id)
         worker.frames.put_nowait(
@@ -279,10 +307,68 @@ class WorkerRunner:
         await worker.ended.wait()
 
     async def close(self) -> None:
-        """Stop every worker (the agent is shutting down) and wait until their allocations are released."""
-        await asyncio.gather(*(self.stop(worker, "the node agent is stopping") for worker in self.workers()))
+        """Stop every worker (the agent is shutting down: SIGTERM, SIGKILL after its grace period, at most
+        `STOPPING_GRACE_MAX_S`) and wait until their allocations are released. Called as soon as the agent
+        begins to stop, before the HTTP server waits for the workers' streams to end."""
+        await asyncio.gather(
+            *(
+                self.stop(
+                    worker,
+                    "the node agent is stopping",
+                    grace_s=min(worker.request.grace_s, STOPPING_GRACE_MAX_S),
+                )
+                for worker in self.workers()
+            )
+        )
         while self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def recover(self, release_in_ledger: LedgerRelease, stopping: asyncio.Event) -> int:
+        """Stop and release what a previous agent left in the journal (it died, or the scheduler was gone
+        when it released). Retries a release that fails until it succeeds or the agent stops; returns how
+        many allocations were released."""
+        if self._journal is None:
+            return 0
+        entries = self._journal.entries()
+        if entries:
+            log.warning(
+                "%d worker(s) left by the previous agent run; stopping them and releasing their allocations",
+                len(entries),
+                extra={"event": "agent.worker_recovery", "outcome": "started"},
+            )
+        released = await asyncio.gather(
+            *(self._recover_one(entry, release_in_ledger, stopping) for entry in entries)
+        )
+        return sum(released)
+
+    async def _recover_one(
+        self, entry: JournalEntry, release_in_ledger: LedgerRelease, stopping: asyncio.Event
+    ) -> bool:
+        await _stop_left_over(entry)
+        reason = "worker gone: the node agent stopped before it ended"
+        delay = RELEASE_FIRST_RETRY_S
+        while not stopping.is_set():
+            if entry.scheduler_url is None:
+                done = await release_in_ledger(entry.allocation_id, reason)
+            else:
+                done = await self._release_through(entry.scheduler_url, entry.allocation_id, attempts=1)
+            if done:
+                self._journal_forget(entry.allocation_id)
+                log.info(
+                    "released allocation %s of %s, left by the previous agent run",
+                    entry.allocation_id,
+                    entry.argv0,
+                    extra={"event": "agent.worker_recovery", "outcome": "released"},
+                )
+                return True
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stopping.wait(), timeout=delay)
+            delay = min(delay * 2, RECOVERY_RETRY_MAX_S)
+        return False
+
+    def _journal_forget(self, allocation_id: UUID) -> None:
+        if self._journal is not None:
+            self._journal.forget(allocation_id)
 
     def _in_background(self, work: Any) -> None:
         task: asyncio.Task[None] = asyncio.ensure_future(work)
@@ -315,11 +401,13 @@ class WorkerRunner:
         log.info("worker %s ended with exit code %d", worker.request.allocation_id, worker.exit_code)
         try:
             if worker.release is None:
-                await self._release(worker.request)
+                released = await self._release(worker.request)
             elif worker.stop_reason:
-                await worker.release(f"worker stopped: {worker.stop_reason}")
+                released = await worker.release(f"worker stopped: {worker.stop_reason}")
             else:
-                await worker.release(f"worker exited with code {worker.exit_code}")
+                released = await worker.release(f"worker exited with code {worker.exit_code}")
+            if released:
+                self._journal_forget(worker.request.allocation_id)
         finally:
             self._workers.pop(worker.request.allocation_id, None)
 
@@ -336,11 +424,16 @@ class WorkerRunner:
                 )
             await worker.emit(_frame(event="output", stream=stream, data=base64.b64encode(chunk).decode()))
 
-    async def _release(self, request: RunWorkerRequest) -> None:
+    async def _release(self, request: RunWorkerRequest) -> bool:
         if request.scheduler_url is None:
             log.warning("worker %s ended; no scheduler_url to release it through", request.allocation_id)
-            return
-        url = f"{request.scheduler_url.rstrip('/')}/api/v1/workloads/{request.allocation_id}"
+            return True
+        return await self._release_through(request.scheduler_url, request.allocation_id, RELEASE_ATTEMPTS)
+
+    async def _release_through(self, scheduler_url: str, allocation_id: UUID, attempts: int) -> bool:
+        """`DELETE /api/v1/workloads/{id}` on the scheduler with this agent's token; True once released
+        (200) or already gone (404)."""
+        url = f"{scheduler_url.rstrip('/')}/api/v1/workloads/{allocation_id}"
         headers = (
             {}
             if self._api_token is None
@@ -348,20 +441,49 @@ class WorkerRunner:
         )
         delay = RELEASE_FIRST_RETRY_S
         async with httpx.AsyncClient(timeout=10.0) as client:
-            for attempt in range(1, RELEASE_ATTEMPTS + 1):
+            for attempt in range(1, attempts + 1):
                 try:
                     answer = await client.delete(url, headers=headers)
                 except httpx.HTTPError as error:
                     problem = f"{type(error).__name__}: {error}"
                 else:
                     if answer.status_code in (200, 404):
-                        return
+                        return True
                     problem = f"HTTP {answer.status_code}: {answer.text[:200]}"
-                log.warning("releasing %s failed (attempt %d): %s", request.allocation_id, attempt, problem)
-                if attempt < RELEASE_ATTEMPTS:
+                log.warning("releasing %s failed (attempt %d): %s", allocation_id, attempt, problem)
+                if attempt < attempts:
                     await asyncio.sleep(delay)
                     delay *= 2
-        log.error("allocation %s not released; DELETE %s by hand", request.allocation_id, url)
+        if attempts > 1:
+            log.error(
+                "allocation %s not released now; the agent releases it when it next starts, or run: "
+                "tfctl delete workload %s",
+                allocation_id,
+                allocation_id,
+            )
+        return False
+
+
+async def _stop_left_over(entry: JournalEntry) -> None:
+    """SIGTERM the process group of a journal entry whose process still runs (the same pid and start
+    time), SIGKILL after its grace period."""
+    if entry.process_started is None or process_start_time(entry.pid) != entry.process_started:
+        return
+    log.warning(
+        "stopping %s (pid %d), a worker left by the previous agent run",
+        entry.argv0,
+        entry.pid,
+        extra={"event": "agent.worker_recovery", "outcome": "stopping"},
+    )
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(entry.pid, signal.SIGTERM)
+    deadline = asyncio.get_running_loop().time() + min(entry.grace_s, STOPPING_GRACE_MAX_S)
+    while process_start_time(entry.pid) == entry.process_started:
+        if asyncio.get_running_loop().time() >= deadline:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(entry.pid, signal.SIGKILL)
+            return
+        await asyncio.sleep(0.05)
 
 
 async def _until_exited(process: asyncio.subprocess.Process) -> None:

@@ -3,9 +3,13 @@
 Order of start: embedded NATS and Postgres (only when `TF_NATS_URL` / `TF_DATABASE_URL` are unset),
 `alembic upgrade head`, then every service as a `tfctl serve` child process (in parallel, each in its
 own process group, output to `<state dir>/logs/<name>.log`), then wait for every `/readyz`. Every child
-inherits the environment (`TF_API_TOKEN` included); the defrag planner also gets the scheduler's URL.
-Order of stop (Ctrl-C, SIGTERM, or a child that exits on its own): SIGTERM to each service's process
-group so it drains, SIGKILL to whatever is left after a timeout, then NATS, then Postgres. A child that
+inherits the environment and runs with one API token: `TF_API_TOKEN` when set, else the one in
+`<state dir>/api-token` (generated on first start, mode 0600; every `tfctl` command reads it). The
+defrag planner also gets the scheduler's URL; each node agent journals its workers in `<state dir>/agent`.
+Order of stop (Ctrl-C, SIGTERM, or a child that exits on its own): the node agents first (they stop
+their `tfctl run` workers and release them while the scheduler still answers), then SIGTERM to every
+other service's process group so it drains, SIGKILL to whatever is left after a timeout, then NATS,
+then Postgres. A child that
 exits while the stack runs is reported (name, exit code, last log lines) and makes `tfctl up` exit 1.
 If `tfctl up` itself dies without stopping them (SIGKILL, a crash), every child still stops: each is
 started from the main thread with a parent-death signal (SIGTERM; SIGINT, fast shutdown, for Postgres).
@@ -32,6 +36,8 @@ from tfcommon.infra import EmbeddedNats, EmbeddedPostgres, InfrastructureError, 
 from tfcommon.ledger.migrate import upgrade_head
 from tfcommon.ledger.urls import ledger_url
 from tfcommon.tls import ensure_self_signed
+
+from tfctl.local_state import TokenSource, ensure_api_token, token_path
 
 DEFAULT_NODES = ("H100:4", "A100-80G:4")
 MAX_GPUS_PER_MODEL = 64
@@ -169,6 +175,8 @@ class Stack:
         self.children: list[Child] = []
         self.stop_requested = asyncio.Event()
         self.crashed: Child | None = None
+        self.api_token = ""
+        self.token_source: TokenSource = "environment"
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
@@ -202,6 +210,7 @@ class Stack:
         if self.stop_requested.is_set():
             return 0
         await asyncio.to_thread(ensure_self_signed, self.options.state_dir / "certs")
+        self.api_token, self.token_source = ensure_api_token(self.options.state_dir)
         self.children = plan_children(self.options)
         await asyncio.gather(*(self._spawn(child) for child in self.children))
         _say(f"started {len(self.children)} services; waiting for /readyz")
@@ -260,6 +269,8 @@ class Stack:
             **os.environ,
             "TF_NATS_URL": self.nats_url,
             "TF_DATABASE_URL": self.database_url,
+            "TF_API_TOKEN": self.api_token,
+            "TF_AGENT_STATE_DIR": str(self.options.state_dir / "agent"),
             **child.environment,
         }
         with child.log_path.open("wb") as log:
@@ -364,6 +375,7 @@ class Stack:
             for child in self.children
         ]
         write_endpoints(self.options.state_dir, services)
+        token_file = token_path(self.options.state_dir)
         if self.options.json_output:
             summary: dict[str, Any] = {
                 "status": "ready",
@@ -371,6 +383,10 @@ class Stack:
                 "ready_after_s": round(elapsed_s, 2),
                 "infrastructure": infrastructure,
                 "services": services,
+                "api_token": {
+                    "source": self.token_source,
+                    "file": None if self.token_source == "environment" else str(token_file),
+                },
             }
             print(json.dumps(summary), file=self.out, flush=True)
             return
@@ -389,12 +405,33 @@ class Stack:
                 "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip(),
                 file=self.out,
             )
+        if self.token_source == "environment":
+            print("API token: TF_API_TOKEN from this shell (tfctl uses it when it is set)", file=self.out)
+        else:
+            made = "generated" if self.token_source == "generated" else "kept from the last start"
+            print(
+                f"API token: {token_file} ({made}, mode 0600); tfctl run from this folder reads it, "
+                f"elsewhere: export TF_API_TOKEN=$(cat {token_file})",
+                file=self.out,
+            )
         print("Ctrl-C stops everything.", file=self.out, flush=True)
 
     async def _stop_children(self) -> bool:
-        """SIGTERM every child's process group, SIGKILL what is left after the timeout.
-        True when every child exited 0 on SIGTERM in time."""
-        running = [child for child in self.children if child.exited is not None and not child.exited.done()]
+        """Stop the node agents first (they release their workers through the scheduler), then every
+        other child. True when every child exited 0 on SIGTERM in time."""
+        agents = [child for child in self.children if child.service == "node-agent"]
+        others = [child for child in self.children if child.service != "node-agent"]
+        clean = await self._stop_group(agents)
+        clean = await self._stop_group(others) and clean
+        for child in self.children:
+            # Anything the child left behind in its process group goes with it.
+            if child.process is not None:
+                _signal_group(child.pid, signal.SIGKILL)
+        return clean
+
+    async def _stop_group(self, children: list[Child]) -> bool:
+        """SIGTERM each child's process group, SIGKILL what is left after the timeout."""
+        running = [child for child in children if child.exited is not None and not child.exited.done()]
         for child in running:
             _signal_group(child.pid, signal.SIGTERM)
         watches = {child.exited: child for child in running if child.exited is not None}
@@ -413,10 +450,6 @@ class Stack:
                     if watch not in late:
                         code = watch.result()
                         _say(f"{child.name} exited with code {code} while stopping ({child.log_path})")
-        for child in self.children:
-            # Anything the child left behind in its process group (e.g. a worker) goes with it.
-            if child.process is not None:
-                _signal_group(child.pid, signal.SIGKILL)
         return clean
 
     async def _stop_infrastructure(self) -> None:

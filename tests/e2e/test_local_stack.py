@@ -180,3 +180,62 @@ def test_serve_without_nats_and_database_urls_names_both_variables() -> None:
     assert result.returncode == 2
     assert "TF_NATS_URL and TF_DATABASE_URL not set" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_a_plain_up_runs_work_with_its_generated_token_and_ctrl_c_stops_and_releases_a_running_command(
+    stack: tuple[subprocess.Popen[str], dict[str, Any], Path], tmp_path: Path
+) -> None:
+    process, summary, state_dir = stack
+    token_file = state_dir / "api-token"
+    assert summary["api_token"] == {"source": "generated", "file": str(token_file)}
+    assert token_file.stat().st_mode & 0o777 == 0o600
+    scheduler = next(s for s in summary["services"] if s["service"] == "scheduler")
+    pid_file = tmp_path / "cmd.pid"
+    script = tmp_path / "sleeper.py"
+    script.write_text(
+        f"import os, time\nopen({str(pid_file)!r}, 'w').write(f'{{os.getpid()}}\\n')\ntime.sleep(300)\n"
+    )
+    run = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tfctl.main",
+            "run",
+            "--tflops",
+            "10",
+            "--vram",
+            "4Gi",
+            "--state-dir",
+            str(state_dir),
+            "--scheduler-url",
+            scheduler["url"],
+            "--",
+            sys.executable,
+            str(script),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=stack_environment(),  # no TF_API_TOKEN: tfctl reads the stack's token file
+    )
+    deadline = time.monotonic() + 60
+    while not (pid_file.exists() and pid_file.read_text().endswith("\n")):
+        assert run.poll() is None, run.communicate()[1]
+        assert time.monotonic() < deadline, "the command did not start within 60s"
+        time.sleep(0.1)
+    command_pid = int(pid_file.read_text())
+    journals = state_dir / "agent" / "workers"
+    assert len(list(journals.glob("*/*.json"))) == 1
+
+    stopping_at = time.monotonic()
+    process.send_signal(signal.SIGINT)
+    _, errors = process.communicate(timeout=60)
+    stopped_after_s = time.monotonic() - stopping_at
+    _, run_errors = run.communicate(timeout=30)
+
+    assert process.returncode == 0, errors
+    assert stopped_after_s < 30, f"tfctl up took {stopped_after_s:.0f}s to stop"
+    assert not psutil.pid_exists(command_pid) or psutil.Process(command_pid).status() == psutil.STATUS_ZOMBIE
+    assert run.returncode == 128 + signal.SIGTERM, run_errors
+    assert "the node agent is stopping" in run_errors
+    assert list(journals.glob("*/*.json")) == [], "a worker's allocation was not released before the stop"

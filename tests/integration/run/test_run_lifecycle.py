@@ -51,7 +51,12 @@ def _sleeper(tmp_path: Path, pid_file: Path) -> Path:
 
 
 async def _start_run(
-    stack: RunStack, script: Path, *options: str, tflops: str = "20", vram: str = "16Gi"
+    stack: RunStack,
+    script: Path,
+    *options: str,
+    tflops: str = "20",
+    vram: str = "16Gi",
+    environment: dict[str, str] | None = None,
 ) -> asyncio.subprocess.Process:
     argv = [sys.executable, "-m", "tfctl.main", "run", "--tflops", tflops, "--vram", vram]
     argv += ["--pool", stack.pool, "--scheduler-url", stack.scheduler_url]
@@ -60,7 +65,7 @@ async def _start_run(
         *argv,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
-        env={**os.environ, "TF_API_TOKEN": TOKEN},
+        env={**os.environ, "TF_API_TOKEN": TOKEN} if environment is None else environment,
         cwd=script.parent,
     )
 
@@ -223,6 +228,103 @@ async def test_the_command_sees_its_gpus_and_limits(run_stack: RunStack, tmp_pat
     assert seen["TF_CUDA_SM_PERCENT_LIMIT"] == str(math.ceil(20_000 * 100 / capacity))
     assert seen["RUN_TEST_EXTRA"] == "yes"
     await _assert_released_soon(run_stack, _allocation_id(stderr))
+
+
+ENVIRONMENT_PRINTER = """
+import json, os
+print(json.dumps(dict(os.environ)))
+"""
+GRANTED = {"CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "TF_GPU_MEMORY_LIMIT", "TF_CUDA_MEMORY_LIMIT"}
+GRANTED |= {"CUDA_DEVICE_MEMORY_LIMIT", "TF_CUDA_SM_PERCENT_LIMIT", "CUDA_DEVICE_SM_LIMIT"}
+PYTHON_SETS = {"LC_CTYPE"}  # Python's C-locale coercion (PEP 538) sets it in a bare environment
+
+
+async def test_no_inherit_env_gives_the_command_only_its_grant_and_its_e_variables(
+    run_stack: RunStack, tmp_path: Path
+) -> None:
+    script = _script(tmp_path, ENVIRONMENT_PRINTER)
+
+    exit_code, stdout, stderr = await _finish(
+        await _start_run(run_stack, script, "--no-inherit-env", "-e", "RUN_TEST_EXTRA=yes")
+    )
+
+    assert exit_code == 0, stderr
+    seen = set(json.loads(stdout)) - PYTHON_SETS
+    assert seen == GRANTED | {"RUN_TEST_EXTRA"}, "the agent's own environment reached the command"
+
+
+async def test_the_agents_secrets_never_reach_the_command(
+    run_stack: RunStack, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The agent runs in this process: what is in os.environ now is the agent's environment.
+    monkeypatch.setenv("TF_DATABASE_URL", "postgresql://postgres:superuser-secret@127.0.0.1/tfpool")
+    monkeypatch.setenv("AGENT_ONLY_SECRET", "agent-secret")
+    users_shell = {
+        key: value for key, value in os.environ.items() if key not in ("TF_DATABASE_URL", "AGENT_ONLY_SECRET")
+    }
+    users_shell |= {"TF_API_TOKEN": TOKEN, "USERS_OWN": "kept"}
+    script = _script(tmp_path, ENVIRONMENT_PRINTER)
+
+    exit_code, stdout, stderr = await _finish(await _start_run(run_stack, script, environment=users_shell))
+
+    assert exit_code == 0, stderr
+    seen = json.loads(stdout)
+    assert "TF_API_TOKEN" not in seen
+    assert "TF_DATABASE_URL" not in seen
+    assert "AGENT_ONLY_SECRET" not in seen
+    assert seen["USERS_OWN"] == "kept"
+    assert seen["PATH"] == users_shell["PATH"]
+
+
+async def test_the_release_command_tfctl_run_prints_works_as_printed(
+    run_stack: RunStack, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tfctl.commands.run import release_command
+
+    name = f"by-hand-{uuid4().hex[:6]}"
+    submission = {
+        "workload": {"namespace": "default", "name": name, "uid": str(uuid4())},
+        "request": {
+            "pool": run_stack.pool,
+            "gpu_count": 1,
+            "tflops_request_milli": 1000,
+            "tflops_limit_milli": 1000,
+            "vram_request_bytes": 1024**3,
+            "vram_limit_bytes": 1024**3,
+        },
+    }
+    async with httpx.AsyncClient(base_url=run_stack.scheduler_url, timeout=10) as client:
+        placed = await client.post(
+            "/api/v1/workloads", json=submission, headers={"Authorization": f"Bearer {TOKEN}"}
+        )
+    assert placed.status_code in (200, 201, 202), placed.text
+    allocation_id = UUID(placed.json()["id"])
+    url = f"{run_stack.scheduler_url}/api/v1/workloads/{allocation_id}"
+
+    (tmp_path / "api-token").write_text(TOKEN + "\n")
+    monkeypatch.delenv("TF_API_TOKEN", raising=False)
+    from_file = release_command(url, tmp_path)
+    monkeypatch.setenv("TF_API_TOKEN", TOKEN)
+    from_environment = release_command(url, tmp_path)
+
+    assert TOKEN not in from_file, "the token itself is never printed"
+    assert TOKEN not in from_environment, "the token itself is never printed"
+    ran = await asyncio.create_subprocess_exec(
+        "bash", "-c", from_file, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    _, errors = await asyncio.wait_for(ran.communicate(), timeout=30)
+    assert ran.returncode == 0, errors.decode()
+    await _assert_released_soon(run_stack, allocation_id)
+    again = await asyncio.create_subprocess_exec(
+        "bash",
+        "-c",
+        from_environment,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "TF_API_TOKEN": TOKEN},
+    )
+    _, errors = await asyncio.wait_for(again.communicate(), timeout=30)
+    assert again.returncode == 0, errors.decode()
 
 
 async def test_a_command_killed_with_sigkill_returns_137_and_is_released(
