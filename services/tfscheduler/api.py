@@ -18,11 +18,11 @@ from tfcommon.placement import PlacementRequestError
 
 from tfscheduler.core.quota import with_defaults
 from tfscheduler.core.refusals import (
+    fits_somewhere,
     ledger_cards,
     never_fits,
     takeover_full,
     unknown_pool,
-    view_cards,
 )
 from tfscheduler.core.view import allocation_id_for, placement_request
 from tfscheduler.engine import Scheduler, placement_mode
@@ -322,12 +322,14 @@ class NodePatch(BaseModel):
 
 async def _refusal(scheduler: Scheduler, submission: Submission) -> str | None:
     """Why `submission` is refused before it is recorded (`tfscheduler.core.refusals`), or None. The
-    view answers first; a refusal is confirmed against the ledger, which the view may lag behind."""
+    view answers when the pool is known and the request fits a node; a refusal is decided on the
+    ledger, which the view may lag behind."""
     pool = submission.request.pool
-    known = {p.name for p in scheduler.config.gpu_pools} | {n.pool for n in scheduler.view.nodes.values()}
-    if pool not in known:
-        known |= {record.name for record in await scheduler.ledger.list_pools()}
-        if (refused := unknown_pool(pool, known)) is not None:
+    nodes = scheduler.view.nodes.values()
+    if scheduler.config.pool(pool) is None and not any(node.pool == pool for node in nodes):
+        known = {p.name for p in scheduler.config.gpu_pools}
+        refused = unknown_pool(pool, known | {record.name for record in await scheduler.ledger.list_pools()})
+        if refused is not None:
             return refused
     workload = submission.workload
     try:
@@ -337,10 +339,10 @@ async def _refusal(scheduler: Scheduler, submission: Submission) -> str | None:
         )
     except PlacementRequestError:
         return None  # the scheduler refuses it with the reason
-    if never_fits(wanted, view_cards(scheduler.view.nodes.values(), pool)) is None:
+    if fits_somewhere(wanted, (node.gpus for node in nodes if node.pool == pool)):
         return None
-    nodes, gpus = await scheduler.ledger.list_nodes(), await scheduler.ledger.list_gpus()
-    return never_fits(wanted, ledger_cards({node.name: node.pool for node in nodes}, gpus, pool))
+    node_pools = {node.name: node.pool for node in await scheduler.ledger.list_nodes()}
+    return never_fits(wanted, ledger_cards(node_pools, await scheduler.ledger.list_gpus(), pool))
 
 
 class Eviction(BaseModel):

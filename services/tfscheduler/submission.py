@@ -14,6 +14,19 @@ BIGINT_MAX = 2**63 - 1
 WorkloadState = Literal["placed", "pending", "refused", "ended", "evicted"]
 
 
+class Takeover(BaseModel):
+    """`tensor-fusion.ai/enabled-replicas` of a pod with a controller (what the webhook's
+    `TakeoverClaim` carries): the pod is taken over only while fewer than `limit` pods of the workload
+    `workload_key` (namespace, controller and pod template) are live in the scheduler."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    workload_key: str = Field(
+        min_length=1, max_length=1024, description="namespace/kind/controller/pod-template-hash"
+    )
+    limit: int = Field(ge=0, lt=2**31, description="the enabled-replicas value")
+
+
 class Submission(BaseModel):
     """A GPU workload to place. `workload.uid` identifies this incarnation: submitting the same
     namespace, name and uid again is a no-op that returns the current status."""
@@ -33,6 +46,9 @@ class Submission(BaseModel):
     labels: dict[str, str] = Field(
         default_factory=dict,
         description="the pod's metadata.labels; local disruption budgets (TF_DEFRAG_PDB_FILE) select on them",
+    )
+    takeover: Takeover | None = Field(
+        default=None, description="the enabled-replicas cap this pod is taken over under, if any"
     )
 
     @model_validator(mode="after")

@@ -179,9 +179,16 @@ async def test_the_service_places_over_http_from_node_agent_inventory_and_announ
             assert event["workload"]["name"] == body["workload"]["name"]
 
             too_big = a_submission(vram_bytes=200 * GIB).model_dump(mode="json")
-            waiting = await client.post("/api/v1/workloads", json=too_big, headers=AUTH)
+            refused = await client.post("/api/v1/workloads", json=too_big, headers=AUTH)
+            assert refused.status_code == 422
+            assert refused.json()["detail"] == (
+                "workload refused: vram-request 200Gi exceeds every GPU of pool default (largest: 80Gi)"
+            )
+            not_now = a_submission(vram_bytes=70 * GIB, gpu_count=2).model_dump(mode="json")
+            waiting = await client.post("/api/v1/workloads", json=not_now, headers=AUTH)
             assert waiting.status_code == 202
             assert waiting.json()["reason"].startswith("0/1 nodes fit: 1 insufficient VRAM")
+            waiting_id = waiting.json()["id"]
 
             invalid = await client.post(
                 "/api/v1/workloads", json={"workload": body["workload"]}, headers=AUTH
@@ -202,6 +209,7 @@ async def test_the_service_places_over_http_from_node_agent_inventory_and_announ
             assert (where["placed"], where["node"]) == (True, NODE)
             assert where["nodes"][NODE]["fits"] is True
 
+            assert (await client.delete(f"/api/v1/workloads/{waiting_id}", headers=AUTH)).status_code == 200
             deleted = f"/api/v1/workloads/{status['id']}"
             assert (await client.delete(deleted)).status_code == 401
             assert (await client.delete(deleted, headers=AUTH)).json() == {
