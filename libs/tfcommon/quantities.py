@@ -40,6 +40,10 @@ class QuantityError(ValueError):
     """A quantity that is malformed or not representable; `str()` names the value and the fix."""
 
 
+class MissingUnitError(QuantityError):
+    """A size given as a bare number where a unit is required; `str()` already shows one, e.g. `8Gi`."""
+
+
 def parse_quantity(text: str | int, *, what: str = "quantity") -> Fraction:
     """Parse a Kubernetes quantity exactly. `what` names the field in error messages."""
     if isinstance(text, bool):
@@ -62,14 +66,29 @@ def parse_quantity(text: str | int, *, what: str = "quantity") -> Fraction:
     return -number if match["sign"] == "-" else number
 
 
-def parse_bytes(text: str | int, *, what: str = "memory") -> int:
-    """A non-negative whole number of bytes, e.g. `16Gi` -> 17179869184."""
+def parse_bytes(text: str | int, *, what: str = "memory", unit_required: bool = False) -> int:
+    """A non-negative whole number of bytes, e.g. `16Gi` -> 17179869184.
+
+    A bare number is bytes, as in Kubernetes; with `unit_required` (command-line flags, where `8`
+    almost always means 8Gi) a bare number other than 0 raises `MissingUnitError`.
+    """
     value = parse_quantity(text, what=what)
     if value < 0:
         raise QuantityError(f"{what}: {text!r} is negative; use a size such as 16Gi")
+    if unit_required and value != 0 and _is_bare_number(text):
+        number = str(text).strip()
+        raise MissingUnitError(f"{what} {number}: give a unit, e.g. {number}Gi")
     if value.denominator != 1:
         raise QuantityError(f"{what}: {text!r} is not a whole number of bytes; use a size such as 16Gi")
     return int(value)
+
+
+def _is_bare_number(text: str | int) -> bool:
+    """Whether a quantity that parsed has neither a suffix nor an exponent (`8`, `1.5`)."""
+    if isinstance(text, int):
+        return True
+    match = _QUANTITY.match(text.strip())
+    return match is not None and not match["exponent"] and not match["suffix"]
 
 
 def parse_milli(text: str | int, *, what: str = "value") -> int:

@@ -1,6 +1,7 @@
 """The admission decision: `admit(pod, context) -> Verdict`. Pure: no I/O, no clock, no randomness.
 
-Reads the `tensor-fusion.ai/*` labels and annotations (TensorFusion-compatible), converts native
+Reads the `tensor-fusion.ai/*` labels and annotations (TensorFusion-compatible; any key outside
+`tfwebhook.core.vocabulary` is denied, with the known key it resembles), converts native
 device-plugin GPUs (`nvidia.com/gpu`, ...) under `isolation: shared`, applies automatic migration,
 validates, and returns either one RFC 6902 patch (the diff between the pod and its mutated copy) or a
 denial whose message names the annotation and what a valid value looks like. Admitting an already
@@ -45,6 +46,7 @@ from tfcommon.recommendations import Recommendation, workload_key
 
 from tfwebhook.core.autoscale import AUTOSCALE_SOURCE, Sizes, autoscale
 from tfwebhook.core.patch import JsonPatch, escape_pointer_token, json_diff
+from tfwebhook.core.vocabulary import unknown_keys
 from tfwebhook.core.workload import WorkloadIdentity, identify, pod_display_name
 
 PREFIX = "tensor-fusion.ai/"
@@ -502,7 +504,11 @@ def _admit(original: Mapping[str, Any], context: AdmissionContext) -> Verdict:
         return _unchanged(f'label {ENABLED} is "false"')
     if enabled != "true":
         if not native:
-            return _unchanged("not a GPU pod")
+            unknown = unknown_keys(labels, annotations)
+            return _unchanged(
+                f'not a GPU pod: no label {ENABLED}: "true" and no native GPU'
+                + (f"; {unknown}" if unknown else "")
+            )
         if not should_auto_migrate(config, namespace, context.namespace_labels, labels):
             return _unchanged("native GPU pod outside automatic migration")
         labels = {**labels, ENABLED: "true"}
@@ -510,6 +516,9 @@ def _admit(original: Mapping[str, Any], context: AdmissionContext) -> Verdict:
     else:
         labels = dict(labels)
         annotations = dict(annotations)
+    unknown = unknown_keys(labels, annotations)
+    if unknown is not None:
+        raise AdmissionDeniedError(unknown)
 
     local = _boolean(annotations, IS_LOCAL_GPU)
     pool_name = annotations.get(GPUPOOL)

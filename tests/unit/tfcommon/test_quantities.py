@@ -4,6 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from tfcommon.quantities import (
+    MissingUnitError,
     QuantityError,
     format_bytes,
     format_milli,
@@ -115,3 +116,22 @@ def test_formats_canonically() -> None:
     assert format_bytes(1023) == "1023"
     assert format_milli(20_000) == "20"
     assert format_milli(1_500) == "1500m"
+
+
+@pytest.mark.parametrize("text", ["8", " 8 ", "1.5", 8])
+def test_a_size_that_needs_a_unit_refuses_a_bare_number_showing_one(text: str | int) -> None:
+    number = str(text).strip()
+    with pytest.raises(MissingUnitError) as raised:
+        parse_bytes(text, what="--vram", unit_required=True)
+    assert str(raised.value) == f"--vram {number}: give a unit, e.g. {number}Gi"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"), [("8Gi", 8 * 1024**3), ("8G", 8 * 10**9), ("8e9", 8 * 10**9), ("0", 0)]
+)
+def test_a_size_with_a_unit_or_zero_is_accepted_where_a_unit_is_required(text: str, expected: int) -> None:
+    assert parse_bytes(text, what="--vram", unit_required=True) == expected
+
+
+def test_a_bare_number_is_bytes_as_in_kubernetes() -> None:
+    assert parse_bytes("8", what="annotation tensor-fusion.ai/vram-request") == 8
