@@ -2,7 +2,8 @@
 
 The HTTP shell around `tfmetrics.core.billing`: parses the query (bad input is a 400 naming the
 parameter and the fix), reads the held intervals from the ledger and renders the `Bill` as JSON with
-money as decimal strings (never floats).
+money as decimal strings (never floats). Where a GPU model has no dedicated price, `dedicatedCost` and
+`savings` are null and `savingsUnknownReason` says which model and how to price it.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from tfmetrics.core.billing import (
     GroupBy,
     PoolPricing,
     compute_bill,
+    unpriced_note,
 )
 from tfmetrics.core.pricing import PricingError, parse_pool_pricing
 from tfmetrics.ledger_reads import billable_shares
@@ -87,22 +89,32 @@ async def bill_from_ledger(
     )
 
 
+def _money(amount: Decimal | None) -> str | None:
+    return None if amount is None else str(amount)
+
+
+def _savings_unknown(unpriced_models: tuple[str, ...]) -> str | None:
+    return unpriced_note(unpriced_models) if unpriced_models else None
+
+
 def bill_to_json(bill: Bill) -> dict[str, Any]:
-    """The wire form of a bill: money as decimal strings, times in ISO 8601."""
+    """The wire form of a bill: money as decimal strings (null where unknown), times in ISO 8601."""
     return {
         "from": bill.start.isoformat(),
         "to": bill.end.isoformat(),
         "groupBy": bill.group_by,
         "quantum": str(bill.quantum),
         "cost": str(bill.cost),
-        "dedicatedCost": str(bill.dedicated_cost),
-        "savings": str(bill.savings),
+        "dedicatedCost": _money(bill.dedicated_cost),
+        "savings": _money(bill.savings),
+        "savingsUnknownReason": _savings_unknown(bill.unpriced_models),
         "groups": [
             {
                 "key": line.key,
                 "cost": str(line.cost),
-                "dedicatedCost": str(line.dedicated_cost),
-                "savings": str(line.savings),
+                "dedicatedCost": _money(line.dedicated_cost),
+                "savings": _money(line.savings),
+                "savingsUnknownReason": _savings_unknown(line.unpriced_models),
                 "gpuHours": str(line.gpu_hours),
                 "shares": line.shares,
             }

@@ -2,6 +2,9 @@
 
 Asks the metrics service's `GET /api/v1/billing` (URL from `--url`, else `TF_METRICS_URL`, else
 http://127.0.0.1:8090) and prints a table, the JSON body, or CSV (one row per group, then a total row).
+The table and CSV are in cents, the JSON to the millionth (`--quantum` sets the step for all three).
+Without a dedicated price for a GPU model (`TF_GPU_COST_PER_HOUR` on the metrics service) the dedicated
+cost and savings are unknown: `unknown` in the table, empty in CSV, null in JSON with the reason.
 Exit codes: 0 printed, 1 the service refused or could not be reached, 2 bad arguments.
 """
 
@@ -19,6 +22,8 @@ DEFAULT_URL = "http://127.0.0.1:8090"
 GROUPS = ("namespace", "workload", "pod", "qos", "pool")
 EXIT_FAILED, EXIT_USAGE = 1, 2
 COLUMNS = ("key", "cost", "dedicatedCost", "savings", "gpuHours", "shares")
+CENTS, EXACT = "0.01", "0.000001"
+UNKNOWN = "unknown"
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -28,7 +33,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--from", dest="start", help="start, ISO 8601 or a date (default: 30 days ago)")
     parser.add_argument("--to", dest="end", help="end, ISO 8601 or a date (default: now)")
     parser.add_argument("--group-by", choices=GROUPS, default="namespace", help="grouping (namespace)")
-    parser.add_argument("--quantum", default="0.01", help="money is rounded to this step (0.01)")
+    parser.add_argument(
+        "--quantum",
+        default=None,
+        help=f"money is rounded to this step (table and CSV {CENTS}, --json {EXACT})",
+    )
     output = parser.add_mutually_exclusive_group()
     output.add_argument("--json", action="store_true", help="print the API's JSON")
     output.add_argument("--csv", action="store_true", help="print CSV: one row per group and a total row")
@@ -47,20 +56,28 @@ def fetch_bill(url: str, params: dict[str, str]) -> tuple[int, dict[str, Any]]:
     return response.status_code, body
 
 
+def _cells(values: dict[str, Any], unknown: str) -> list[str]:
+    return [unknown if values.get(column) is None else str(values.get(column)) for column in COLUMNS]
+
+
+def _total(bill: dict[str, Any]) -> dict[str, Any]:
+    return {**bill, "key": "TOTAL", "gpuHours": "", "shares": ""}
+
+
 def render_csv(bill: dict[str, Any]) -> str:
+    """One row per group and a total row; an unknown amount is an empty cell."""
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow([bill["groupBy"], "cost", "dedicated_cost", "savings", "gpu_hours", "shares"])
-    for group in bill["groups"]:
-        writer.writerow([group[column] for column in COLUMNS])
-    writer.writerow(["TOTAL", bill["cost"], bill["dedicatedCost"], bill["savings"], "", ""])
+    for values in [*bill["groups"], _total(bill)]:
+        writer.writerow(_cells(values, ""))
     return buffer.getvalue()
 
 
 def render_table(bill: dict[str, Any]) -> str:
+    """The groups, the total and the notes; an unknown dedicated cost or saving reads `unknown`."""
     header = (bill["groupBy"].upper(), "COST", "DEDICATED", "SAVINGS", "GPU-HOURS", "SHARES")
-    rows = [tuple(str(group[column]) for column in COLUMNS) for group in bill["groups"]]
-    rows.append(("TOTAL", bill["cost"], bill["dedicatedCost"], bill["savings"], "", ""))
+    rows = [tuple(_cells(values, UNKNOWN)) for values in [*bill["groups"], _total(bill)]]
     widths = [max(len(row[index]) for row in [header, *rows]) for index in range(len(header))]
     lines = [f"billing {bill['from']} .. {bill['to']}"]
     for row in [header, *rows]:
@@ -73,7 +90,7 @@ def handler(args: argparse.Namespace) -> int:
     import httpx
 
     url = args.url or os.environ.get("TF_METRICS_URL") or DEFAULT_URL
-    params = {"groupBy": args.group_by, "quantum": args.quantum}
+    params = {"groupBy": args.group_by, "quantum": args.quantum or (EXACT if args.json else CENTS)}
     if args.start:
         params["from"] = args.start
     if args.end:

@@ -11,7 +11,8 @@ to the total. Formula (per GPU share, per second):
     * evictionProtectionPriceRatio   while the eviction-protection window is open (never for critical)
 
 A workload on N GPUs has N shares, so the GPU count multiplies naturally. A QoS the pool does not price
-costs 0 and the bill says so in `notes`.
+costs 0 and the bill says so in `notes`. A group holding a GPU model without a dedicated price has no
+dedicated cost and no savings (None, with the model in `unpriced_models`), never a made-up 0.
 """
 
 from __future__ import annotations
@@ -146,22 +147,28 @@ class BillableShare:
 
 @dataclass(frozen=True)
 class BillLine:
-    """One group's amounts for the period; `gpu_hours` is share-hours (a share on one GPU for one hour)."""
+    """One group's amounts for the period; `gpu_hours` is share-hours (a share on one GPU for one hour).
+
+    `dedicated_cost` and `savings` are None when one of the group's GPU models (`unpriced_models`) has
+    no dedicated price.
+    """
 
     key: str
     cost: Decimal
-    dedicated_cost: Decimal
-    savings: Decimal
+    dedicated_cost: Decimal | None
+    savings: Decimal | None
     gpu_hours: Decimal
     shares: int
+    unpriced_models: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
 class Bill:
     """What the pool cost over [start, end), per group, beside what whole dedicated GPUs would have cost.
 
-    Invariants: `sum(line.cost) == cost`, `sum(line.dedicated_cost) == dedicated_cost` and
-    `savings == dedicated_cost - cost`, exactly. Every amount is a multiple of `quantum`.
+    Invariants: `sum(line.cost) == cost`; when every GPU model is priced (`unpriced_models` empty),
+    `sum(line.dedicated_cost) == dedicated_cost` and `savings == dedicated_cost - cost`, exactly;
+    otherwise `dedicated_cost` and `savings` are None. Every amount is a multiple of `quantum`.
     """
 
     start: datetime
@@ -169,10 +176,11 @@ class Bill:
     group_by: GroupBy
     quantum: Decimal
     cost: Decimal
-    dedicated_cost: Decimal
-    savings: Decimal
+    dedicated_cost: Decimal | None
+    savings: Decimal | None
     lines: tuple[BillLine, ...]
     notes: tuple[str, ...] = field(default=())
+    unpriced_models: tuple[str, ...] = ()
 
 
 def _seconds(delta: timedelta) -> Fraction:
@@ -231,17 +239,26 @@ def share_cost(
 
 def dedicated_cost(
     share: BillableShare, gpu_cost_per_hour: Mapping[str, Decimal], start: datetime, end: datetime
-) -> tuple[Fraction, set[str]]:
-    """The exact cost of a whole dedicated GPU of the share's model over the time the share was held."""
+) -> Fraction | None:
+    """The exact cost of a whole dedicated GPU of the share's model over the time the share was held;
+    None when the model has no price."""
     clipped = _clip(share, start, end)
     if clipped is None:
-        return Fraction(0), set()
+        return Fraction(0)
     hourly = gpu_cost_per_hour.get(share.gpu_model)
     if hourly is None:
-        return Fraction(0), {
-            f"GPU model {share.gpu_model!r} has no costPerHour: its dedicated cost counts as 0"
-        }
-    return Fraction(hourly) * _seconds(clipped[1] - clipped[0]) / SECONDS_PER_HOUR, set()
+        return None
+    return Fraction(hourly) * _seconds(clipped[1] - clipped[0]) / SECONDS_PER_HOUR
+
+
+def unpriced_note(models: Iterable[str]) -> str:
+    """Why a bill has no dedicated cost or savings, naming the models and the setting that prices them."""
+    names = sorted(set(models))
+    example = ", ".join(f'"{name}": "<price per hour>"' for name in names)
+    return (
+        f"no dedicated price for GPU model {', '.join(repr(name) for name in names)}: dedicated cost and "
+        f"savings are unknown; set TF_GPU_COST_PER_HOUR on the metrics service, e.g. '{{{example}}}'"
+    )
 
 
 def _round_half_up(amount: Fraction, quantum: Fraction) -> int:
@@ -302,6 +319,7 @@ def compute_bill(
         raise BillingInputError(f"groupBy: {group_by!r} is not one of {', '.join(GROUP_BY_CHOICES)}")
     pool_costs: dict[str, Fraction] = defaultdict(Fraction)
     dedicated_costs: dict[str, Fraction] = defaultdict(Fraction)
+    unpriced: dict[str, set[str]] = defaultdict(set)
     seconds: dict[str, Fraction] = defaultdict(Fraction)
     share_counts: dict[str, int] = defaultdict(int)
     notes: set[str] = set()
@@ -311,22 +329,30 @@ def compute_bill(
             continue
         key = share.group_key(group_by)
         cost, cost_notes = share_cost(share, pricing.get(share.pool), start, end)
-        dedicated, dedicated_notes = dedicated_cost(share, gpu_cost_per_hour, start, end)
+        dedicated = dedicated_cost(share, gpu_cost_per_hour, start, end)
         pool_costs[key] += cost
-        dedicated_costs[key] += dedicated
+        if dedicated is None:
+            unpriced[key].add(share.gpu_model)
+        else:
+            dedicated_costs[key] += dedicated
         seconds[key] += _seconds(clipped[1] - clipped[0])
         share_counts[key] += 1
-        notes |= cost_notes | dedicated_notes
+        notes |= cost_notes
     total, line_costs = allocate_rounded(pool_costs, quantum)
-    dedicated_total, line_dedicated = allocate_rounded(dedicated_costs, quantum)
+    priced = {key: amount for key, amount in dedicated_costs.items() if key not in unpriced}
+    dedicated_total, line_dedicated = allocate_rounded(priced, quantum)
+    every_unpriced = tuple(sorted(set().union(*unpriced.values())))
+    if every_unpriced:
+        notes.add(unpriced_note(every_unpriced))
     lines = tuple(
         BillLine(
             key=key,
             cost=line_costs[key],
-            dedicated_cost=line_dedicated[key],
-            savings=line_dedicated[key] - line_costs[key],
+            dedicated_cost=line_dedicated.get(key),
+            savings=None if key in unpriced else line_dedicated[key] - line_costs[key],
             gpu_hours=_hours(seconds[key]),
             shares=share_counts[key],
+            unpriced_models=tuple(sorted(unpriced.get(key, ()))),
         )
         for key in sorted(pool_costs)
     )
@@ -336,10 +362,11 @@ def compute_bill(
         group_by=group_by,
         quantum=quantum,
         cost=total,
-        dedicated_cost=dedicated_total,
-        savings=dedicated_total - total,
+        dedicated_cost=None if every_unpriced else dedicated_total,
+        savings=None if every_unpriced else dedicated_total - total,
         lines=lines,
         notes=tuple(sorted(notes)),
+        unpriced_models=every_unpriced,
     )
 
 

@@ -386,6 +386,33 @@ async def test_a_recommendation_never_exceeds_the_card_and_is_forgotten_with_its
     assert "ml-team-c/filler" not in capsys.readouterr().out
 
 
+async def test_without_dedicated_prices_tfctl_billing_says_the_savings_are_unknown(
+    stack: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The stack's metrics service has no TF_GPU_COST_PER_HOUR, as `make run` starts it.
+    assert await asyncio.to_thread(tfctl_main, ["billing", "--url", stack["url"]]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    rows = {line.split()[0]: line.split() for line in lines[2:] if not line.startswith("note: ")}
+    assert set(rows) == {"ml-team-a", "ml-team-b", "TOTAL"}
+    for row in rows.values():
+        assert row[2:4] == ["unknown", "unknown"]  # was 0.00 and a negative saving
+    reason = (
+        "no dedicated price for GPU model 'H100': dedicated cost and savings are unknown; set "
+        """TF_GPU_COST_PER_HOUR on the metrics service, e.g. '{"H100": "<price per hour>"}'"""
+    )
+    assert f"note: {reason}" in lines
+
+    assert await asyncio.to_thread(tfctl_main, ["billing", "--json", "--url", stack["url"]]) == 0
+    bill = json.loads(capsys.readouterr().out)
+    assert (bill["dedicatedCost"], bill["savings"], bill["savingsUnknownReason"]) == (None, None, reason)
+    for group in bill["groups"]:
+        assert (group["dedicatedCost"], group["savings"], group["savingsUnknownReason"]) == (
+            None,
+            None,
+            reason,
+        )
+
+
 def a_recommendation(key: str, tflops: int) -> Recommendation:
     return Recommendation(
         workload_key=key,

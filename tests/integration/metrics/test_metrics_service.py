@@ -4,6 +4,7 @@ the `/metrics` exposition parsed with Prometheus' parser, usage from the agents,
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -306,6 +307,19 @@ async def test_tfctl_billing_prints_the_bill_as_csv_and_a_table(
     table = capsys.readouterr().out
     assert "NAMESPACE  COST  DEDICATED  SAVINGS  GPU-HOURS  SHARES" in table
     assert "TOTAL      1.76  18.00      16.24" in table
+    assert await asyncio.to_thread(tfctl_main, ["billing", *period, "--json"]) == 0
+    exact = json.loads(capsys.readouterr().out)
+    # The table is in cents; --json keeps the exact amounts (team-b: 0.195 + 0.39 for its one GPU).
+    assert exact["quantum"] == "0.000001"
+    assert [(group["key"], group["cost"]) for group in exact["groups"]] == [
+        ("team-a", "1.170000"),
+        ("team-b", "0.585000"),
+    ]
+    assert (exact["dedicatedCost"], exact["savings"], exact["savingsUnknownReason"]) == (
+        "18.000000",
+        "16.245000",
+        None,
+    )
 
 
 async def test_tfctl_billing_reports_a_bad_period_with_exit_code_2(

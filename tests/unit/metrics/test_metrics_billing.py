@@ -144,13 +144,32 @@ def test_savings_compare_the_pool_with_whole_dedicated_gpus() -> None:
     assert bill.lines[0].savings == Decimal("5.22")
 
 
-def test_an_unpriced_qos_and_an_unpriced_model_cost_zero_and_say_so() -> None:
+def test_an_unpriced_qos_costs_zero_and_an_unpriced_model_leaves_the_savings_unknown() -> None:
     bill = bill_of([a_share(qos="low", model="T4")])
-    assert (bill.cost, bill.dedicated_cost) == (Decimal("0.00"), Decimal("0.00"))
+    assert (bill.cost, bill.dedicated_cost, bill.savings) == (Decimal("0.00"), None, None)
+    assert bill.unpriced_models == ("T4",)
     assert bill.notes == (
-        "GPU model 'T4' has no costPerHour: its dedicated cost counts as 0",
+        "no dedicated price for GPU model 'T4': dedicated cost and savings are unknown; set "
+        """TF_GPU_COST_PER_HOUR on the metrics service, e.g. '{"T4": "<price per hour>"}'""",
         "pool 'training' prices no QoS 'low': those allocations cost 0",
     )
+
+
+def test_without_a_dedicated_price_there_are_no_negative_savings() -> None:
+    shares = [a_share(), a_share(namespace="team-b", pod="server-0", model="L4")]
+
+    bill = bill_of(shares)
+
+    priced, unpriced = bill.lines
+    assert (priced.key, priced.dedicated_cost, priced.savings) == ("team-a", Decimal("6.00"), Decimal("5.22"))
+    assert (unpriced.key, unpriced.cost, unpriced.dedicated_cost, unpriced.savings) == (
+        "team-b",
+        Decimal("0.78"),
+        None,
+        None,
+    )  # was a dedicated cost of 0.00 and savings of -0.78
+    assert unpriced.unpriced_models == ("L4",)
+    assert (bill.cost, bill.dedicated_cost, bill.savings) == (Decimal("1.56"), None, None)
 
 
 @pytest.mark.parametrize(
