@@ -9,11 +9,16 @@ help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "}{printf "  %-14s %s\n",$$1,$$2}'
 
 $(STAMP): requirements.lock pyproject.toml
-	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check --upgrade "pip>=24"
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements.lock
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
+	@test -x $(BIN)/python || { echo "creating the virtual environment $(VENV) with $(PYTHON)..." \
+		&& $(PYTHON) -m venv $(VENV); }
+	@echo "upgrading pip in $(VENV)..."
+	@$(BIN)/python -m pip install --quiet --disable-pip-version-check --upgrade "pip>=24"
+	@echo "installing pinned dependencies from requirements.lock (first run: a minute or two)..."
+	@$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements.lock
+	@echo "installing tfpool itself (editable)..."
+	@$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
 	@touch $(STAMP)
+	@echo "installed into $(VENV); later runs skip this until requirements.lock or pyproject.toml changes"
 
 install: $(STAMP) ## Create .venv and install the pinned dependencies
 
