@@ -3,7 +3,9 @@
 - `api-token` (mode 0600): the bearer token the stack's services require on mutating endpoints.
   `tfctl up` writes a fresh random one when `TF_API_TOKEN` is unset; every `tfctl` command uses
   `TF_API_TOKEN` when it is set and this file otherwise.
-- `endpoints.json`: where each service and node agent listens (written by `tfctl up` once ready).
+- `endpoints.json`: where each service and node agent listens, and the NATS URL of the stack (written by
+  `tfctl up` once ready); `tfctl events tail` and `tfctl defrag run` use that URL when `TF_NATS_URL` is
+  unset.
 
 The folder is `--state-dir`, else `TF_STATE_DIR`, else `.tf` in the current directory.
 """
@@ -19,6 +21,7 @@ from typing import Any, Literal
 TOKEN_FILE = "api-token"
 ENDPOINTS_FILE = "endpoints.json"
 TOKEN_ENV = "TF_API_TOKEN"
+NATS_URL_ENV = "TF_NATS_URL"
 
 TokenSource = Literal["environment", "file", "generated"]
 
@@ -90,3 +93,19 @@ def read_endpoints(state_dir: Path | None = None) -> dict[str, Any]:
     except (OSError, ValueError):
         return {}
     return loaded if isinstance(loaded, dict) else {}
+
+
+def nats_url(explicit: str | None = None, state_dir: Path | None = None) -> tuple[str, str] | None:
+    """The NATS URL to use and where it came from, for error messages: `explicit` (`--nats-url`), else
+    `TF_NATS_URL`, else the `nats` entry of `endpoints.json` that `tfctl up` wrote; None when none is set."""
+    if explicit:
+        return explicit, "--nats-url"
+    from_environment = os.environ.get(NATS_URL_ENV, "").strip()
+    if from_environment:
+        return from_environment, NATS_URL_ENV
+    folder = state_dir or default_state_dir()
+    recorded = read_endpoints(folder).get("nats")
+    url = recorded.get("url") if isinstance(recorded, dict) else None
+    if isinstance(url, str) and url:
+        return url, f"{folder / ENDPOINTS_FILE}, written by `tfctl up`"
+    return None

@@ -374,7 +374,9 @@ class Stack:
             }
             for child in self.children
         ]
-        write_endpoints(self.options.state_dir, services)
+        write_endpoints(
+            self.options.state_dir, services, nats={"url": self.nats_url, "embedded": self.nats is not None}
+        )
         token_file = token_path(self.options.state_dir)
         if self.options.json_output:
             summary: dict[str, Any] = {
@@ -459,9 +461,15 @@ class Stack:
             await asyncio.to_thread(self.postgres.stop)
 
 
-def write_endpoints(state_dir: Path, services: list[dict[str, Any]]) -> None:
-    """Record where each service of the running stack listens (`tfctl run` finds node agents here)."""
-    (state_dir / ENDPOINTS_FILE).write_text(json.dumps({"services": services}, indent=2) + "\n")
+def write_endpoints(
+    state_dir: Path, services: list[dict[str, Any]], *, nats: dict[str, Any] | None = None
+) -> None:
+    """Record where each service of the running stack listens (`tfctl run` finds node agents here) and
+    its NATS (`tfctl events tail` and `tfctl defrag run` use it when `TF_NATS_URL` is unset)."""
+    endpoints: dict[str, Any] = (
+        {"services": services} if nats is None else {"services": services, "nats": nats}
+    )
+    (state_dir / ENDPOINTS_FILE).write_text(json.dumps(endpoints, indent=2) + "\n")
 
 
 def _signal_group(process_group: int, signal_number: signal.Signals) -> None:

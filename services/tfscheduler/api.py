@@ -302,10 +302,10 @@ class NodePatch(BaseModel):
         default=None,
         description="true: no new workload is placed on the node (kubectl cordon); false: uncordon",
     )
-    labels: dict[str, Literal["true", "false"] | None] = Field(
+    labels: dict[str, str | None] = Field(
         default_factory=dict,
-        description="labels to set, or to remove with null; only tensor-fusion.ai/do-not-disrupt (the defrag "
-        "planner and compaction leave a node labelled true alone)",
+        description="labels to set, or to remove with null; only tensor-fusion.ai/do-not-disrupt, true or "
+        "false (the defrag planner and compaction leave a node labelled true alone)",
     )
 
     @model_validator(mode="after")
@@ -316,6 +316,10 @@ class NodePatch(BaseModel):
                     f"labels: {key!r} cannot be set on a node in local mode; only "
                     f"{', '.join(OPERATOR_NODE_LABELS)} can (other labels would not survive the node agent "
                     "registering again)"
+                )
+            if self.labels[key] not in ("true", "false", None):
+                raise ValueError(
+                    f"labels.{key}: {self.labels[key]!r} must be true or false (or null, to remove the label)"
                 )
         return self
 

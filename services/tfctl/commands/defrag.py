@@ -10,6 +10,7 @@ import json
 import os
 import sys
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 from uuid import uuid4
 
@@ -34,7 +35,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     run.add_argument("--pool", required=True, help="GPU pool name")
     run.add_argument("--now", action="store_true", required=True, help="start now (required)")
     run.add_argument("--max-duration-minutes", type=int, default=None, help="window (default: the pool's)")
-    run.add_argument("--nats-url", default=None, help="NATS URL (default: TF_NATS_URL)")
+    run.add_argument(
+        "--nats-url", default=None, help="NATS URL (default: TF_NATS_URL, else STATE_DIR/endpoints.json)"
+    )
+    run.add_argument(
+        "--state-dir", type=Path, default=None, help="state folder of `tfctl up` (.tf, TF_STATE_DIR)"
+    )
     run.set_defaults(handler=handle_run)
 
 
@@ -83,26 +89,40 @@ def render_plan(document: dict[str, Any]) -> str:
 def handle_run(args: argparse.Namespace) -> int:
     from tfcommon.settings import NatsSettings
 
-    settings = NatsSettings()
-    url = args.nats_url or settings.url
-    if not url:
-        print("no NATS URL: set TF_NATS_URL or pass --nats-url nats://HOST:4222", file=sys.stderr)
+    from tfctl.bus_client import NatsUnreachableError
+    from tfctl.commands.events import NO_NATS_URL
+    from tfctl.local_state import nats_url
+
+    found = nats_url(args.nats_url, args.state_dir)
+    if found is None:
+        print(NO_NATS_URL, file=sys.stderr)
         return USAGE_ERROR
     if args.max_duration_minutes is not None and args.max_duration_minutes <= 0:
         print("--max-duration-minutes must be a positive number of minutes", file=sys.stderr)
         return USAGE_ERROR
+    settings = NatsSettings()
     password = settings.password.get_secret_value() if settings.password else None
-    asyncio.run(_send(url, args.pool, args.max_duration_minutes, settings.user, password))
+    try:
+        asyncio.run(_send(found, args.pool, args.max_duration_minutes, settings.user, password))
+    except NatsUnreachableError as error:
+        print(f"tfctl defrag run: {error}", file=sys.stderr)
+        return FAILED
     print(f"campaign requested for pool {args.pool}; follow it with `tfctl events tail --subject 'tf.evt.>'`")
     return 0
 
 
-async def _send(url: str, pool: str, minutes: int | None, user: str | None, password: str | None) -> None:
+async def _send(
+    url: tuple[str, str], pool: str, minutes: int | None, user: str | None, password: str | None
+) -> None:
+    from tfctl.bus_client import connect
+
+    nc = await connect(*url, name="tfpool-tfctl", user=user, password=password)
+    # Imported once connected, so that a URL that does not answer fails without waiting for them.
     from tfcommon import subjects
-    from tfcommon.bus import NatsEventBus
+    from tfcommon.bus import PUBLISH_TIMEOUT_S, NatsEventBus
     from tfcommon.events import StartDefragCampaign
 
-    bus = await NatsEventBus.connect(url, service="tfctl", user=user, password=password)
+    bus = NatsEventBus(nc, nc.jetstream(timeout=PUBLISH_TIMEOUT_S), "tfctl")
     try:
         await subjects.provision(bus.js, consumers=())
         await bus.publish(

@@ -4,7 +4,9 @@
 with `docs/asyncapi.yaml` and `docs/schemas/*.json` (`tfcommon.asyncapi`). `tail` reads `TF_EVENTS` through an
 ordered consumer starting at new messages (it consumes nothing: services' durable consumers are not
 affected); command subjects (`tf.cmd.*`) are watched with a plain subscription, since a work queue
-admits only its own consumers.
+admits only its own consumers. The bus is `--nats-url`, else `TF_NATS_URL`, else the one the last
+`tfctl up` of the state folder recorded in `endpoints.json`; one that does not answer within seconds is
+one line on stderr and exit 1.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ DEFAULT_DOCS = REPOSITORY_ROOT / "docs"
 DEFAULT_CATALOGUE = DEFAULT_DOCS / "events.md"
 USAGE_ERROR = 2
 STALE = 1
+UNREACHABLE = 1
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -45,7 +48,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--json", action="store_true", help="one JSON object per line (subject, headers, payload)"
     )
     tail.add_argument("--count", type=int, default=None, help="exit after this many messages")
-    tail.add_argument("--nats-url", default=None, help="NATS URL (default: TF_NATS_URL)")
+    tail.add_argument(
+        "--nats-url", default=None, help="NATS URL (default: TF_NATS_URL, else STATE_DIR/endpoints.json)"
+    )
+    tail.add_argument(
+        "--state-dir", type=Path, default=None, help="state folder of `tfctl up` (.tf, TF_STATE_DIR)"
+    )
     tail.set_defaults(handler=handle_tail)
 
 
@@ -109,34 +117,44 @@ def handle_contract(args: argparse.Namespace) -> int:
 def handle_tail(args: argparse.Namespace) -> int:
     from tfcommon.settings import NatsSettings
 
-    settings = NatsSettings()
-    url = args.nats_url or settings.url
-    if not url:
-        print(
-            "no NATS URL: set TF_NATS_URL or pass --nats-url nats://HOST:4222 "
-            "(tfctl up prints the URL of the NATS it starts)",
-            file=sys.stderr,
-        )
+    from tfctl.bus_client import NatsUnreachableError
+    from tfctl.local_state import nats_url
+
+    found = nats_url(args.nats_url, args.state_dir)
+    if found is None:
+        print(NO_NATS_URL, file=sys.stderr)
         return USAGE_ERROR
     if not args.subject.startswith(("tf.evt.", "tf.cmd.")):
         print(f"--subject {args.subject!r} must start with tf.evt. or tf.cmd.", file=sys.stderr)
         return USAGE_ERROR
+    settings = NatsSettings()
     password = settings.password.get_secret_value() if settings.password else None
     try:
         asyncio.run(
             tail(
-                url,
+                found[0],
                 pattern=args.subject,
                 as_json=args.json,
                 count=args.count,
                 out=sys.stdout,
                 user=settings.user,
                 password=password,
+                source=found[1],
             )
         )
+    except NatsUnreachableError as error:
+        print(f"tfctl events tail: {error}", file=sys.stderr)
+        return UNREACHABLE
     except KeyboardInterrupt:
         return 0
     return 0
+
+
+NO_NATS_URL = (
+    "no NATS URL: set TF_NATS_URL or pass --nats-url nats://HOST:4222, or run from the folder of `tfctl up` "
+    "(it records the URL of its NATS in .tf/endpoints.json)"
+)
+"""What `tfctl events tail` and `tfctl defrag run` say when no NATS URL is known."""
 
 
 def format_line(subject: str, headers: dict[str, str], payload: bytes, *, as_json: bool) -> str:
@@ -163,17 +181,18 @@ async def tail(
     user: str | None = None,
     password: str | None = None,
     subscribed: asyncio.Event | None = None,
+    source: str = "--nats-url",
 ) -> None:
-    """Print messages matching `pattern` as they are published, until `count` (or forever)."""
-    import nats
+    """Print messages matching `pattern` as they are published, until `count` (or forever). Raises
+    `NatsUnreachableError` when no NATS answers at `url` (which came from `source`) in time."""
+    from tfctl.bus_client import connect
+
+    nc = await connect(url, source, name="tfctl-events-tail", user=user, password=password)
+    # Imported once connected, so that a URL that does not answer fails without waiting for them.
     from nats.aio.subscription import Subscription
     from nats.js.api import DeliverPolicy
-    from tfcommon.bus import inbox_prefix_for
     from tfcommon.subjects import EVENTS_STREAM
 
-    nc = await nats.connect(
-        url, name="tfctl-events-tail", user=user, password=password, inbox_prefix=inbox_prefix_for(user)
-    )
     subscription: Subscription
     try:
         if pattern.startswith("tf.evt."):
