@@ -20,7 +20,7 @@ from tfcommon.display import gib_text, tflops_text
 
 COLUMNS: dict[str, tuple[str, ...]] = {
     "pools": ("name", "placement_mode", "nodes", "ready_nodes", "gpus", "tflops", "vram"),
-    "nodes": ("name", "pool", "schedulable", "reason", "gpus", "tflops", "vram"),
+    "nodes": ("name", "pool", "schedulable", "reason", "labels", "gpus", "tflops", "vram"),
     "gpus": ("uuid", "node", "index", "model", "phase", "tflops", "vram"),
     "allocations": ("id", "namespace", "name", "node", "qos", "state", "gpus"),
 }
@@ -54,6 +54,8 @@ def _cell(row: dict[str, Any], column: str) -> str:
         return f"{tflops_text(row['available_tflops_milli'])}/{tflops_text(row['capacity_tflops_milli'])}"
     if column == "vram":
         return f"{gib_text(row['available_vram_bytes'])}/{gib_text(row['capacity_vram_bytes'])}"
+    if column == "labels" and isinstance(row.get("labels"), dict):
+        return ",".join(f"{key}={value}" for key, value in sorted(row["labels"].items())) or "-"
     if column == "gpus" and isinstance(row.get("shares"), list):
         return ",".join(share["gpu_uuid"] for share in row["shares"])
     value = row.get(column)

@@ -53,3 +53,27 @@ def test_validation_details_become_one_line_naming_the_field() -> None:
         "labels: 'zone' cannot be set on a node in local mode"
     )
     assert detail_of({"detail": "no node 'x'"}) == "no node 'x'"
+
+
+def test_tfctl_get_nodes_shows_a_node_s_labels() -> None:
+    from tfctl.commands.get import render_table
+
+    node = {
+        "name": "sim-node-1",
+        "pool": "default",
+        "schedulable": True,
+        "reason": None,
+        "labels": {"tensor-fusion.ai/do-not-disrupt": "true"},
+        "gpus": 1,
+        "available_tflops_milli": 989_400,
+        "capacity_tflops_milli": 989_400,
+        "available_vram_bytes": 80 * 2**30,
+        "capacity_vram_bytes": 80 * 2**30,
+    }
+    header, labelled, bare = render_table(
+        "nodes", [node, {**node, "name": "sim-node-2", "labels": {}}]
+    ).splitlines()
+
+    assert header.split()[4] == "LABELS"
+    assert labelled.split()[4] == "tensor-fusion.ai/do-not-disrupt=true"
+    assert bare.split()[4] == "-"
