@@ -19,7 +19,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,15 +27,13 @@ from typing import Any
 import httpx
 import pytest
 import yaml
-from stack_up import read_summary, stack_environment
+from stack_up import DEFRAG_EVERY_SECOND, bus_events, poll, read_summary, serve_budget, stack_environment
 from tfcommon.events import (
     AllocationCreated,
     AllocationReleased,
     DefragCampaignFinished,
-    Message,
     NodeDrained,
     PodEvicted,
-    decode,
 )
 from tfctl.main import main as tfctl_main
 
@@ -44,31 +41,6 @@ pytestmark = pytest.mark.e2e
 
 TOKEN = "defrag-e2e-token"
 NAMESPACE = "ml-serving"
-CONFIG = {
-    "gpuPools": [
-        {
-            "name": "default",
-            "specTemplate": {
-                "nodeManagerConfig": {
-                    "nodeCompaction": {
-                        "defrag": {
-                            "enabled": True,
-                            "timezone": "UTC",
-                            "maxDuration": "1s",
-                            "utilizationThresholdPercent": 100,
-                        }
-                    }
-                }
-            },
-        }
-    ]
-}
-BUDGET = {
-    "apiVersion": "policy/v1",
-    "kind": "PodDisruptionBudget",
-    "metadata": {"name": "serve", "namespace": NAMESPACE},
-    "spec": {"maxUnavailable": 1, "selector": {"matchLabels": {"app": "serve"}}},
-}
 
 
 @dataclass(frozen=True)
@@ -155,8 +127,8 @@ class Stack:
 def stack() -> Iterator[Stack]:
     """`tfctl up` with two one-H100 nodes, the defrag configuration and the budget file."""
     folder = Path(tempfile.mkdtemp(prefix="tfpool-defrag-e2e-"))
-    (folder / "tensor-fusion.yaml").write_text(yaml.safe_dump(CONFIG))
-    (folder / "pdb.yaml").write_text(yaml.safe_dump(BUDGET))
+    (folder / "tensor-fusion.yaml").write_text(yaml.safe_dump(DEFRAG_EVERY_SECOND))
+    (folder / "pdb.yaml").write_text(yaml.safe_dump(serve_budget(NAMESPACE)))
     environment = stack_environment(
         TF_API_TOKEN=TOKEN,
         TF_CONFIG_FILE=str(folder / "tensor-fusion.yaml"),
@@ -177,34 +149,6 @@ def stack() -> Iterator[Stack]:
             process.send_signal(signal.SIGINT)
             process.communicate(timeout=60)
         shutil.rmtree(folder, ignore_errors=True)
-
-
-def poll(read: Any, done: Any, timeout_s: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout_s
-    value = read()
-    while not done(value):
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what} within {timeout_s}s; last: {json.dumps(value, indent=1, default=str)}")
-        time.sleep(0.2)
-        value = read()
-    return value
-
-
-async def bus_events(nats_url: str) -> list[Message]:
-    import nats
-
-    connection = await nats.connect(nats_url)
-    try:
-        subscription = await connection.jetstream().subscribe("tf.evt.>", ordered_consumer=True)
-        events: list[Message] = []
-        while True:
-            try:
-                message = await subscription.next_msg(timeout=1.0)
-            except nats.errors.TimeoutError:
-                return events
-            events.append(decode(message.subject, message.data))
-    finally:
-        await connection.close()
 
 
 def test_a_campaign_drains_a_node_one_workload_at_a_time_and_leaves_the_one_without_budget(

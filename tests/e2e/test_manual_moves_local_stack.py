@@ -19,52 +19,22 @@ import io
 import json
 import os
 import shutil
-import signal
-import subprocess
-import sys
 import tempfile
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 import yaml
-from stack_up import read_summary, stack_environment
-from tfcommon.events import DefragCampaignFinished, Message, decode
+from stack_up import DEFRAG_EVERY_SECOND, bus_events, poll, running_stack, serve_budget, stack_environment
+from tfcommon.events import DefragCampaignFinished
 from tfctl.main import main as tfctl_main
 
 pytestmark = pytest.mark.e2e
 
 NAMESPACE = "ml-serving"
 DO_NOT_DISRUPT = "tensor-fusion.ai/do-not-disrupt"
-CONFIG = {
-    "gpuPools": [
-        {
-            "name": "default",
-            "specTemplate": {
-                "nodeManagerConfig": {
-                    "nodeCompaction": {
-                        "defrag": {
-                            "enabled": True,
-                            "timezone": "UTC",
-                            "maxDuration": "1s",
-                            "utilizationThresholdPercent": 100,
-                        }
-                    }
-                }
-            },
-        }
-    ]
-}
-BUDGET = {
-    "apiVersion": "policy/v1",
-    "kind": "PodDisruptionBudget",
-    "metadata": {"name": "serve", "namespace": NAMESPACE},
-    "spec": {"maxUnavailable": 1, "selector": {"matchLabels": {"app": "serve"}}},
-}
-T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -149,54 +119,19 @@ class Stack:
 @pytest.fixture(scope="module")
 def stack() -> Iterator[Stack]:
     folder = Path(tempfile.mkdtemp(prefix="tfpool-moves-e2e-"))
-    (folder / "tensor-fusion.yaml").write_text(yaml.safe_dump(CONFIG))
-    (folder / "pdb.yaml").write_text(yaml.safe_dump(BUDGET))
+    (folder / "tensor-fusion.yaml").write_text(yaml.safe_dump(DEFRAG_EVERY_SECOND))
+    (folder / "pdb.yaml").write_text(yaml.safe_dump(serve_budget(NAMESPACE)))
     environment = stack_environment(
         TF_CONFIG_FILE=str(folder / "tensor-fusion.yaml"), TF_DEFRAG_PDB_FILE=str(folder / "pdb.yaml")
     )
-    command = [sys.executable, "-m", "tfctl.main", "up", "--ports", "auto", "--json"]
-    command += ["--state-dir", str(folder / "state"), "--fake-gpus", "H100:1", "--fake-gpus", "H100:1"]
-    process = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment
-    )
+    arguments = ["--state-dir", str(folder / "state"), "--fake-gpus", "H100:1", "--fake-gpus", "H100:1"]
     try:
-        summary = read_summary(process, timeout_s=120)
-        urls = {service["service"]: service["url"] for service in summary["services"]}
-        nats = next(item["url"] for item in summary["infrastructure"] if item["name"] == "nats")
-        yield Stack(urls, nats, folder / "state", folder)
+        with running_stack(arguments, environment) as summary:
+            urls = {service["service"]: service["url"] for service in summary["services"]}
+            nats = next(item["url"] for item in summary["infrastructure"] if item["name"] == "nats")
+            yield Stack(urls, nats, folder / "state", folder)
     finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGINT)
-            process.communicate(timeout=60)
         shutil.rmtree(folder, ignore_errors=True)
-
-
-def poll(read: Callable[[], T], done: Callable[[T], bool], timeout_s: float, what: str) -> T:
-    deadline = time.monotonic() + timeout_s
-    value = read()
-    while not done(value):
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what} within {timeout_s}s; last: {json.dumps(value, indent=1, default=str)}")
-        time.sleep(0.3)
-        value = read()
-    return value
-
-
-async def bus_events(nats_url: str) -> list[Message]:
-    import nats
-
-    connection = await nats.connect(nats_url)
-    try:
-        subscription = await connection.jetstream().subscribe("tf.evt.>", ordered_consumer=True)
-        events: list[Message] = []
-        while True:
-            try:
-                message = await subscription.next_msg(timeout=1.0)
-            except nats.errors.TimeoutError:
-                return events
-            events.append(decode(message.subject, message.data))
-    finally:
-        await connection.close()
 
 
 def test_the_stack_records_its_nats_for_tfctl(stack: Stack) -> None:

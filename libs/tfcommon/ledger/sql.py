@@ -202,21 +202,17 @@ class SqlLedger:
         not registered."""
         labels: Any = tables.node.c.labels
         changed = labels.op("-")(key) if value is None else labels.op("||")(sa.literal({key: value}, JSONB))
-        statement = (
-            update(tables.node)
-            .where(tables.node.c.name == node_name)
-            .values(labels=changed, updated_at=self._clock())
-            .returning(tables.node.c.name)
-        )
-        async with self.engine.begin() as connection:
-            return (await connection.execute(statement)).first() is not None
+        return await self._update_node(node_name, labels=changed)
 
     async def set_node_cordoned(self, node_name: str, cordoned: bool) -> bool:
         """Cordon or uncordon a node (no new placements on it); False when the node is not registered."""
+        return await self._update_node(node_name, cordoned=cordoned)
+
+    async def _update_node(self, node_name: str, **values: Any) -> bool:
         statement = (
             update(tables.node)
             .where(tables.node.c.name == node_name)
-            .values(cordoned=cordoned, updated_at=self._clock())
+            .values(**values, updated_at=self._clock())
             .returning(tables.node.c.name)
         )
         async with self.engine.begin() as connection:

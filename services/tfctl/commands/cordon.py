@@ -25,12 +25,28 @@ def add_node_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = subparsers.add_parser(
-        "cordon", help="stop placing new workloads on nodes (what runs there stays)", description=__doc__
+    register_cordon_verb(
+        subparsers,
+        "cordon",
+        "stop placing new workloads on nodes (what runs there stays)",
+        __doc__,
+        cordoned=True,
     )
+
+
+def register_cordon_verb(
+    subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
+    verb: str,
+    help_text: str,
+    description: str | None,
+    *,
+    cordoned: bool,
+) -> None:
+    """`tfctl cordon` or `tfctl uncordon`: the same arguments, the flag set one way or the other."""
+    parser = subparsers.add_parser(verb, help=help_text, description=description)
     parser.add_argument("nodes", nargs="+", metavar="NODE", help="node name (tfctl get nodes)")
     add_node_arguments(parser)
-    parser.set_defaults(handler=handler, cordoned=True)
+    parser.set_defaults(handler=handler, cordoned=cordoned)
 
 
 def patch_nodes(args: argparse.Namespace, change: dict[str, object], done: str) -> int:

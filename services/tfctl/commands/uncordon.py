@@ -8,13 +8,10 @@ from __future__ import annotations
 
 import argparse
 
-from tfctl.commands.cordon import add_node_arguments, handler
+from tfctl.commands.cordon import register_cordon_verb
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = subparsers.add_parser(
-        "uncordon", help="let cordoned nodes take new workloads", description=__doc__
+    register_cordon_verb(
+        subparsers, "uncordon", "let cordoned nodes take new workloads", __doc__, cordoned=False
     )
-    parser.add_argument("nodes", nargs="+", metavar="NODE", help="node name (tfctl get nodes)")
-    add_node_arguments(parser)
-    parser.set_defaults(handler=handler, cordoned=False)

@@ -16,13 +16,19 @@ pytestmark = pytest.mark.integration
 LONG = timedelta(hours=1)
 
 
+async def started(ledger: SqlLedger, bus: NatsEventBus, **gpus_per_node: int) -> Scheduler:
+    """A scheduler over nodes of one-80-GiB-GPU cards, `node_a=2` naming node-a with two of them."""
+    for node, gpus in gpus_per_node.items():
+        await register_named_node(ledger, node.replace("_", "-"), gpus)
+    scheduler = Scheduler(ledger, bus, heartbeat_timeout=LONG)
+    await scheduler.start()
+    return scheduler
+
+
 async def test_the_replacement_of_an_evicted_workload_lands_on_another_gpu_without_a_cordon(
     ledger: SqlLedger, bus: NatsEventBus
 ) -> None:
-    await register_named_node(ledger, "node-a", 1)
-    await register_named_node(ledger, "node-b", 1)
-    scheduler = Scheduler(ledger, bus, heartbeat_timeout=LONG)
-    await scheduler.start()
+    scheduler = await started(ledger, bus, node_a=1, node_b=1)
     placed = await scheduler.submit(a_submission(name="serve", vram_bytes=16 * GIB))
     assert placed.state == "placed"
 
@@ -35,9 +41,7 @@ async def test_the_replacement_of_an_evicted_workload_lands_on_another_gpu_witho
 
 
 async def test_another_gpu_of_the_same_node_will_do(ledger: SqlLedger, bus: NatsEventBus) -> None:
-    await register_named_node(ledger, "node-a", 2)
-    scheduler = Scheduler(ledger, bus, heartbeat_timeout=LONG)
-    await scheduler.start()
+    scheduler = await started(ledger, bus, node_a=2)
     placed = await scheduler.submit(a_submission(name="serve", vram_bytes=16 * GIB))
 
     replacement = await scheduler.evict(placed.id, "deleted by hand")
@@ -51,10 +55,7 @@ async def test_another_gpu_of_the_same_node_will_do(ledger: SqlLedger, bus: Nats
 async def test_the_replacement_goes_back_to_its_gpu_when_no_other_fits(
     ledger: SqlLedger, bus: NatsEventBus
 ) -> None:
-    await register_named_node(ledger, "node-a", 1)
-    await register_named_node(ledger, "node-b", 1)
-    scheduler = Scheduler(ledger, bus, heartbeat_timeout=LONG)
-    await scheduler.start()
+    scheduler = await started(ledger, bus, node_a=1, node_b=1)
     placed = await scheduler.submit(a_submission(name="serve", vram_bytes=40 * GIB))
     wall = await scheduler.submit(a_submission(name="wall", vram_bytes=60 * GIB))
     assert wall.state == "placed"
