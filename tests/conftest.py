@@ -1,19 +1,25 @@
 """Shared test fixtures: real NATS JetStream and real Postgres for the whole session.
 
 `TF_NATS_URL` / `TF_DATABASE_URL` point the tests at existing servers; when unset (CI, a fresh clone)
-the tests start their own with the same launchers `tfctl up` uses, in a temporary folder.
+the tests start their own with the same launchers `tfctl up` uses, in a temporary folder. A test that
+stops NATS (a bus outage) uses a server of its own instead: `own_nats`, and `own_nats_bus` to connect.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
+from tfcommon import subjects
+from tfcommon.bus import NatsEventBus
 from tfcommon.infra import EmbeddedNats, EmbeddedPostgres
+
+BusOf = Callable[[str], contextlib.AbstractAsyncContextManager[NatsEventBus]]
 
 
 @pytest.fixture(scope="session")
@@ -50,3 +56,36 @@ def postgres_server_url() -> Iterator[str]:
     finally:
         server.stop()
         shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def own_nats(tmp_path: Path) -> Iterator[EmbeddedNats]:
+    """A NATS server only this test uses, so that it may `stop()` it and `start()` it again (same port,
+    same JetStream store)."""
+    server = EmbeddedNats(store_dir=tmp_path / "own-nats", die_with_parent=True)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def own_nats_bus(own_nats: EmbeddedNats) -> BusOf:
+    """`async with own_nats_bus(service) as bus`: a connection to `own_nats` as `service`, the streams
+    provisioned. Left while the server is stopped, it is dropped with what it had not sent (a crash)."""
+
+    @contextlib.asynccontextmanager
+    async def connected(service: str) -> AsyncIterator[NatsEventBus]:
+        bus = await NatsEventBus.connect(own_nats.url, service=service)
+        try:
+            await subjects.provision(bus.js)
+            yield bus
+        finally:
+            if bus.nc.is_connected:
+                await bus.close()
+            else:  # nothing to drain, and closing the lost connection says so
+                with contextlib.suppress(ConnectionError):
+                    await bus.nc.close()
+
+    return connected

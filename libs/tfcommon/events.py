@@ -367,7 +367,10 @@ class PodEvicted(Event):
     """A workload was evicted (defrag move, preemption or drain); its allocation is released separately."""
 
     subject: ClassVar[str] = "tf.evt.pod.evicted"
-    producers: ClassVar[tuple[str, ...]] = ("defrag-planner", "scheduler")
+    producers: ClassVar[tuple[str, ...]] = (
+        "defrag-planner (through the ledger outbox)",
+        "scheduler (through the ledger outbox)",
+    )
 
     workload: WorkloadRef = Field(description="the workload this is about")
     node: NodeName = Field(description="Kubernetes node name (or the local node's name)")

@@ -8,7 +8,10 @@ elsewhere. The scheduler places the replacement into the hold (`SqlLedger.claim_
 else takes that capacity meanwhile; a hold left unclaimed is released once the replacement is placed
 elsewhere or not in time, and by expiry after a crash. A refused eviction or a replacement not placed
 in time stops that node: it gets `defrag-evict-skip=true` with the reason and the campaign goes on with
-the next candidate. Events go out on NATS; decisions come from the core.
+the next candidate. Decisions come from the core. Each eviction's `tf.evt.pod.evicted` is written to
+the ledger outbox in the transaction that records the move as evicted (the ledger's outbox relay
+publishes it, so neither a bus outage nor a crash loses it); the campaign's progress events go out
+on NATS directly (`CampaignDeps.publish`).
 """
 
 from __future__ import annotations
@@ -345,21 +348,24 @@ class CampaignExecutor:
             )
             return False
         assert isinstance(result, Evicted)
-        await deps.store.set_move_state(campaign.id, pod.uid, "evicted", self._now())
-        await self._mark_evicted(campaign.pool, pod)
-        await self._publish(
-            PodEvicted(
-                event_id=_event_id(campaign.id, "evicted", pod.uid),
-                occurred_at=self._now(),
-                workload=WorkloadRef(namespace=pod.namespace, name=pod.name, uid=pod.uid or None),
-                node=move.from_node,
-                pool=campaign.pool,
-                by="defrag",
-                reason=f"defrag campaign drains node {move.from_node}; planned target {move.to_node}",
-                allocation_id=allocation.allocation_id if allocation is not None else None,
-                campaign_id=campaign.id,
-            )
+        evicted = PodEvicted(
+            event_id=_event_id(campaign.id, "evicted", pod.uid),
+            occurred_at=self._now(),
+            workload=WorkloadRef(namespace=pod.namespace, name=pod.name, uid=pod.uid or None),
+            node=move.from_node,
+            pool=campaign.pool,
+            by="defrag",
+            reason=f"defrag campaign drains node {move.from_node}; planned target {move.to_node}",
+            allocation_id=allocation.allocation_id if allocation is not None else None,
+            campaign_id=campaign.id,
         )
+        # The move's eviction and its event commit as one: a bus outage or a crash cannot lose the event.
+        async with deps.ledger.transaction() as transaction:
+            await deps.store.set_move_state(
+                campaign.id, pod.uid, "evicted", evicted.occurred_at, connection=transaction.connection
+            )
+            await transaction.announce(evicted)
+        await self._mark_evicted(campaign.pool, pod)
         records = [m for m in await deps.store.moves(campaign.id) if m.pod_uid == pod.uid]
         await self._wait_for_replacement(
             campaign, records[0], self._now() + deps.settings.replacement_timeout

@@ -16,7 +16,7 @@ from uuid import UUID
 
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import JSONB, insert
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from tfcommon.ledger import tables as ledger_tables
 
 metadata = sa.MetaData()
@@ -151,6 +151,22 @@ def _move(row: Any) -> MoveRecord:
         evicted_at=row.evicted_at,
         placed_on=row.placed_on,
     )
+
+
+async def _set_move_state(
+    connection: AsyncConnection, campaign_id: UUID, pod_uid: str, state: str, values: dict[str, Any]
+) -> None:
+    await connection.execute(
+        sa.update(defrag_move)
+        .where(defrag_move.c.campaign_id == campaign_id, defrag_move.c.pod_uid == pod_uid)
+        .values(**values)
+    )
+    if state == "evicted":
+        await connection.execute(
+            sa.update(defrag_campaign)
+            .where(defrag_campaign.c.id == campaign_id)
+            .values(pods_evicted=defrag_campaign.c.pods_evicted + 1)
+        )
 
 
 class CampaignStore:
@@ -324,7 +340,10 @@ class CampaignStore:
         *,
         placed_on: str | None = None,
         reason: str | None = None,
+        connection: AsyncConnection | None = None,
     ) -> None:
+        """Move the pod's move to `state` (an eviction also counts in the campaign). With `connection`,
+        within the caller's open transaction (it commits or rolls back with it)."""
         values: dict[str, Any] = {"state": state}
         if state == "evicted":
             values["evicted_at"] = now
@@ -333,18 +352,11 @@ class CampaignStore:
             values["placed_on"] = placed_on
         if reason is not None:
             values["reason"] = reason
-        async with self.engine.begin() as connection:
-            await connection.execute(
-                sa.update(defrag_move)
-                .where(defrag_move.c.campaign_id == campaign_id, defrag_move.c.pod_uid == pod_uid)
-                .values(**values)
-            )
-            if state == "evicted":
-                await connection.execute(
-                    sa.update(defrag_campaign)
-                    .where(defrag_campaign.c.id == campaign_id)
-                    .values(pods_evicted=defrag_campaign.c.pods_evicted + 1)
-                )
+        if connection is not None:
+            await _set_move_state(connection, campaign_id, pod_uid, state, values)
+            return
+        async with self.engine.begin() as own:
+            await _set_move_state(own, campaign_id, pod_uid, state, values)
 
     async def hold_released(self, hold_allocation_id: UUID) -> None:
         async with self.engine.begin() as connection:

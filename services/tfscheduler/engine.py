@@ -3,7 +3,12 @@
 One `Scheduler` per process. Decisions come from `tfcommon.placement` and `tfscheduler.core`; this
 module loads ledger state, writes reservations (the database refuses over-allocation, so several
 scheduler processes stay correct: a refused reservation refreshes the node and places again) and
-publishes the scheduler's own events. Allocation events go out through the ledger outbox.
+announces what it decided. Every event it announces goes out through the ledger outbox, in the
+transaction that records what it announces: an allocation with `tf.evt.allocation.*`, a verdict with
+`tf.evt.workload.unschedulable`, an eviction (its release, the workload's state, its replacement) with
+`tf.evt.pod.evicted`; so a bus outage fails no submission and neither it nor a crash leaves half of
+one. (`Scheduler.bus` is for what is announced without a ledger change: the Kubernetes mode's drift
+report of a binding it could not adopt.)
 
 A replacement of a pod the defrag planner evicted goes into the capacity hold kept for it: the ledger
 swaps the hold for the replacement's allocation on the same GPUs (`SqlLedger.claim_hold`). The active
@@ -25,7 +30,7 @@ import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
 from tfcommon.bus import EventBus
 from tfcommon.config import TfConfig
-from tfcommon.events import GpuRequest, PodEvicted, WorkloadRef
+from tfcommon.events import GpuRequest, PodEvicted, WorkloadRef, WorkloadUnschedulable
 from tfcommon.ledger import tables
 from tfcommon.ledger.records import (
     AllocationRecord,
@@ -39,7 +44,7 @@ from tfcommon.ledger.records import (
     Reserved,
     ShareRequest,
 )
-from tfcommon.ledger.sql import BatchAbandonedError, SqlLedger
+from tfcommon.ledger.sql import BatchAbandonedError, LedgerTransaction, SqlLedger
 from tfcommon.placement import (
     DEFAULT_POLICY,
     ClusterView,
@@ -760,17 +765,21 @@ class Scheduler:
             for stored, _cause, reason, _rejection in waiting
             if stored.allocation_id not in existing
         }
-        kept = await self.store.keep_pending(reasons, self.clock())
-        announcements = []
-        for stored, cause, reason, rejection in waiting:
+        async with self.ledger.transaction() as transaction:
+            kept = await self.store.keep_pending(reasons, self.clock(), connection=transaction.connection)
+            await transaction.announce(
+                *(
+                    self._unschedulable(stored, reason, rejection, cause)
+                    for stored, cause, reason, rejection in waiting
+                    if stored.allocation_id in kept and (announce or stored.reason != reason)
+                )
+            )
+        for stored, _cause, reason, _rejection in waiting:
             if stored.allocation_id not in kept:
                 # Another scheduler placed (or ended) it meanwhile: report what the ledger holds.
                 statuses[stored.allocation_id] = await self._status_of(stored.allocation_id)
                 continue
             statuses[stored.allocation_id] = _status(replace(stored, state="pending", reason=reason))
-            if announce or stored.reason != reason:
-                announcements.append(self._announce(stored, reason, rejection, cause))
-        await asyncio.gather(*announcements)
         return statuses
 
     def _quick_placement(self, stored: StoredWorkload) -> tuple[Placement, GpuRequest] | None:
@@ -926,8 +935,11 @@ class Scheduler:
         return _placed_status(record)
 
     async def _refuse(self, stored: StoredWorkload, reason: str, cause: UUID | None) -> WorkloadStatus:
-        await self.store.set_state(stored.allocation_id, "refused", reason, self.clock())
-        await self._announce(stored, reason, None, cause)
+        async with self.ledger.transaction() as transaction:
+            await self.store.set_state(
+                stored.allocation_id, "refused", reason, self.clock(), connection=transaction.connection
+            )
+            await transaction.announce(self._unschedulable(stored, reason, None, cause))
         return _status(replace(stored, state="refused", reason=reason))
 
     async def _wait(
@@ -942,19 +954,27 @@ class Scheduler:
         if existing is not None:
             # Another scheduler placed (or ended) this workload meanwhile; report what the ledger holds.
             return await self._status_of(stored.allocation_id)
-        moved = await self.store.set_state(
-            stored.allocation_id, "pending", reason, self.clock(), only_from=("pending",)
-        )
+        async with self.ledger.transaction() as transaction:
+            moved = await self.store.set_state(
+                stored.allocation_id,
+                "pending",
+                reason,
+                self.clock(),
+                only_from=("pending",),
+                connection=transaction.connection,
+            )
+            if moved and (announce or stored.reason != reason):
+                await transaction.announce(self._unschedulable(stored, reason, rejection, cause))
         if not moved:
             return await self._status_of(stored.allocation_id)
-        if announce or stored.reason != reason:
-            await self._announce(stored, reason, rejection, cause)
         return _status(replace(stored, state="pending", reason=reason))
 
-    async def _announce(
+    def _unschedulable(
         self, stored: StoredWorkload, reason: str, rejection: Rejection | None, cause: UUID | None
-    ) -> None:
-        event = unschedulable_event(
+    ) -> WorkloadUnschedulable:
+        """The verdict's `tf.evt.workload.unschedulable` (one event per attempt), for the outbox in the
+        transaction that records the verdict."""
+        return unschedulable_event(
             stored.submission.workload,
             stored.submission.request.pool,
             reason,
@@ -963,36 +983,65 @@ class Scheduler:
             now=self.clock(),
             cause=cause,
         )
-        await self.bus.publish(event)
 
     async def _evict(self, victim: Candidate, preemptor: WorkloadRef) -> None:
-        """Local eviction: release the victim as evicted and queue its replacement (the local controller)."""
+        """Local eviction: release the victim as evicted and queue its replacement (the local controller),
+        one committed fact with its event (`_commit_preemption`)."""
+        await self._commit_preemption(victim, preemptor, pod_evicted=False)
+
+    async def _commit_preemption(
+        self, victim: Candidate, preemptor: WorkloadRef, *, pod_evicted: bool
+    ) -> None:
+        """Record the preemption of `victim` in one ledger transaction: its allocation released as
+        evicted, its workload `evicted`, `tf.evt.pod.evicted` in the outbox and, in local mode, its
+        replacement recorded as pending. A transaction that fails changes nothing, in the ledger or in
+        memory, and the error propagates. Without `pod_evicted` nothing is recorded unless this
+        transaction releases the allocation (another process that released it first ended the
+        workload). With `pod_evicted` (Kubernetes: evicted through the API already, its controller
+        recreates it) the state and the event are recorded even then. Call with the lock held."""
         allocation_id = UUID(str(victim.allocation_id))
         reason = f"preempted by {preemptor.namespace}/{preemptor.name}"
-        if await self.ledger.release(allocation_id, reason, evicted=True):
-            node = self.view.nodes.get(victim.node)
-            if node is not None:
-                self.view.release(victim.holding)
-        self.active.pop(allocation_id, None)
+        stored = None if pod_evicted else await self.store.get(allocation_id)
+        replacement = None if stored is None else _replacement_of(stored)
+        node = self.view.nodes.get(victim.node)
         now = self.clock()
-        await self.store.set_state(allocation_id, "evicted", reason, now)
-        await self.bus.publish(
-            PodEvicted(
-                event_id=uuid5(allocation_id, "evicted"),
-                occurred_at=now,
-                workload=victim.workload,
-                node=victim.node,
-                pool=self.view.nodes[victim.node].pool if victim.node in self.view.nodes else "default",
-                by="preemption",
-                reason=reason,
-                allocation_id=allocation_id,
-                preemptor=preemptor,
-            )
+        event = _pod_evicted(
+            allocation_id,
+            victim.workload,
+            victim.node,
+            node.pool if node is not None else "default",
+            reason,
+            now,
+            by="preemption",
+            preemptor=preemptor,
         )
-        stored = await self.store.get(allocation_id)
-        if stored is not None:
-            replacement = _replacement_of(stored)
-            await self.store.insert(allocation_id_for(replacement.workload), replacement, now)
+        async with self.ledger.transaction() as transaction:
+            released = await transaction.release(allocation_id, reason, evicted=True)
+            if released or pod_evicted:
+                await self._record_eviction(transaction, allocation_id, reason, now, replacement)
+                await transaction.announce(event)
+        self.active.pop(allocation_id, None)
+        if not released:  # released by another process meanwhile: the view follows the ledger
+            await self._rebuild_node(victim.node)
+        elif node is not None:
+            self.view.release(victim.holding)
+
+    async def _record_eviction(
+        self,
+        transaction: LedgerTransaction,
+        allocation_id: UUID,
+        reason: str,
+        now: datetime,
+        replacement: Submission | None,
+    ) -> None:
+        """The workload store's part of an eviction, in the eviction's transaction: the workload
+        `evicted` and, when there is one, its replacement pending (an existing one stays as it is)."""
+        connection = transaction.connection
+        await self.store.set_state(allocation_id, "evicted", reason, now, connection=connection)
+        if replacement is not None:
+            await self.store.insert_many(
+                [(allocation_id_for(replacement.workload), replacement)], now, connection=connection
+            )
 
     async def evict(
         self,
@@ -1005,8 +1054,10 @@ class Scheduler:
         """The local Eviction API: release the placed workload as evicted, then recreate it as a controller
         would (same name, a new uid) and place the replacement now, into the defrag hold kept for its name
         if there is one. Returns the replacement's status; None when the workload is not placed (unknown,
-        pending or ended). Evicting it again returns the same replacement. With `announce`,
-        `tf.evt.pod.evicted` goes out (the defrag planner announces its own evictions, with the campaign)."""
+        pending or ended). Evicting it again returns the same replacement. The release, the evicted
+        state, the replacement's row and, with `announce`, `tf.evt.pod.evicted` (through the outbox)
+        commit in one transaction or not at all (the defrag planner announces its own evictions, with
+        the campaign, and passes `announce=False`)."""
         stored = await self.store.get(allocation_id)
         if stored is None:
             return None
@@ -1020,30 +1071,26 @@ class Scheduler:
             active = self.active.get(allocation_id)
             record = active.record if active else await self.ledger.get_allocation(allocation_id)
             now = self.clock()
-            released = record is not None and await self.ledger.release(allocation_id, reason, evicted=True)
+            released = False
+            if record is not None:
+                async with self.ledger.transaction() as transaction:
+                    released = await transaction.release(allocation_id, reason, evicted=True)
+                    if released:
+                        await self._record_eviction(transaction, allocation_id, reason, now, replacement)
+                    if released and announce:
+                        await transaction.announce(
+                            _pod_evicted(
+                                allocation_id, record.workload, record.node, record.pool, reason, now, by=by
+                            )
+                        )
             if released and record is not None:
                 self.active.pop(allocation_id, None)
                 node = self.view.nodes.get(record.node)
                 if node is not None:
                     self.view.release(placement_of(record, node))
-                await self.store.set_state(allocation_id, "evicted", reason, now)
-                await self.store.insert(allocation_id_for(replacement.workload), replacement, now)
             current = await self.store.get(allocation_id)
         if record is None or current is None or current.state != "evicted":
             return None  # ended (or released by another process) meanwhile
-        if released and announce:
-            await self.bus.publish(
-                PodEvicted(
-                    event_id=uuid5(allocation_id, "evicted"),
-                    occurred_at=now,
-                    workload=record.workload,
-                    node=record.node,
-                    pool=record.pool,
-                    by=by,
-                    reason=reason,
-                    allocation_id=allocation_id,
-                )
-            )
         if released:
             self.capacity_freed.set()
         return await self.submit(replacement)  # an eviction that came first: the same replacement
@@ -1159,6 +1206,32 @@ def _with_gpus_full(node: Node, gpu_uuids: frozenset[str]) -> Node:
         for gpu in node.gpus
     )
     return replace(node, gpus=gpus)
+
+
+def _pod_evicted(
+    allocation_id: UUID,
+    workload: WorkloadRef,
+    node: str,
+    pool: str,
+    reason: str,
+    now: datetime,
+    *,
+    by: Literal["defrag", "preemption", "drain"],
+    preemptor: WorkloadRef | None = None,
+) -> PodEvicted:
+    """`tf.evt.pod.evicted` for an allocation, its id derived from the allocation (uuid5 `evicted`): the
+    same eviction recorded twice is one event, for the outbox and for consumers."""
+    return PodEvicted(
+        event_id=uuid5(allocation_id, "evicted"),
+        occurred_at=now,
+        workload=workload,
+        node=node,
+        pool=pool,
+        by=by,
+        reason=reason,
+        allocation_id=allocation_id,
+        preemptor=preemptor,
+    )
 
 
 def _replacement_of(stored: StoredWorkload) -> Submission:

@@ -6,7 +6,8 @@ keeps nothing needed for correctness in memory: on start it reconciles the ledge
 (allocations of pods that are gone are released; bound pods with `gpu-ids` and no ledger row are
 adopted and a drift event is published), and the watch starts with a full list, so a restart neither
 misses nor double-places a pod (the allocation id is derived from the pod, and reserving it again is a
-no-op). Preemption evicts through the Eviction API; a disruption budget's refusal is respected.
+no-op). Preemption evicts through the Eviction API; a disruption budget's refusal is respected; the
+victim's release as evicted and its `tf.evt.pod.evicted` (through the ledger outbox) then commit as one.
 """
 
 from __future__ import annotations
@@ -31,8 +32,9 @@ from tfcommon.cluster import (
     PodEventType,
     PodWatch,
 )
-from tfcommon.events import DriftDetected, PodEvicted, WorkloadRef
+from tfcommon.events import DriftDetected, WorkloadRef
 from tfcommon.ledger.records import ReservationRequest, Reserved, ShareRequest
+from tfcommon.ledger.sql import BatchAbandonedError
 from tfcommon.ledger.takeover import TakeoverLedger, release_takeover
 from tfcommon.placement import PlacementRequestError
 from tfcommon.settings import SchedulerKubernetesSettings
@@ -88,26 +90,9 @@ class KubernetesScheduler(Scheduler):
             self._eviction_refused_until[allocation_id] = asyncio.get_running_loop().time() + wait_s
             log.info("eviction of %s refused: %s", victim.workload.name, result.reason)
             return
-        reason = f"preempted by {preemptor.namespace}/{preemptor.name}"
-        if await self.ledger.release(allocation_id, reason, evicted=True) and victim.node in self.view.nodes:
-            self.view.release(victim.holding)
-        self.active.pop(allocation_id, None)
-        now = self.clock()
-        await self.store.set_state(allocation_id, "evicted", reason, now)
-        node = self.view.nodes.get(victim.node)
-        await self.bus.publish(
-            PodEvicted(
-                event_id=uuid5(allocation_id, "evicted"),
-                occurred_at=now,
-                workload=victim.workload,
-                node=victim.node,
-                pool=node.pool if node is not None else "default",
-                by="preemption",
-                reason=reason,
-                allocation_id=allocation_id,
-                preemptor=preemptor,
-            )
-        )
+        # The pod is gone: its release, its state and `tf.evt.pod.evicted` commit as one (the
+        # ReplicaSet recreates it, so no replacement is recorded here).
+        await self._commit_preemption(victim, preemptor, pod_evicted=True)
 
 
 @dataclass(frozen=True)
@@ -385,7 +370,11 @@ class KubernetesMode:
         await self.adopt(pod, allocation_id, gpu_ids)
 
     async def adopt(self, pod: Pod, allocation_id: UUID, gpu_ids: tuple[str, ...]) -> bool:
-        """Record a bound pod's GPUs (`gpu-ids`) in the ledger and publish a drift event per GPU."""
+        """Record a bound pod's GPUs (`gpu-ids`) in the ledger and announce a drift event per GPU. An
+        adopted pod's allocation (committed: the pod is bound) and its drift events (through the outbox)
+        commit in one transaction, so neither a bus outage nor a crash loses them; a pod that cannot be
+        adopted changes nothing in the ledger and its events are published directly (the next listing
+        publishes them again, with the same ids)."""
         assert pod.node_name is not None
         node = pod.node_name
         try:
@@ -397,7 +386,6 @@ class KubernetesMode:
             detail = ""
         placed_node = self.scheduler.view.nodes.get(node)
         gpus = {gpu.uuid.lower(): gpu for gpu in placed_node.gpus} if placed_node is not None else {}
-        adopted = False
         if wanted is not None and all(uuid in gpus for uuid in gpu_ids):
             request = work.submission.request
             shares = tuple(
@@ -410,44 +398,59 @@ class KubernetesMode:
                 )
                 for uuid in gpu_ids
             )
-            result = await self.scheduler.ledger.reserve(
-                ReservationRequest(
-                    allocation_id=allocation_id,
-                    workload=work.submission.workload,
-                    pool=request.pool,
-                    node=node,
-                    shares=shares,
-                    qos=request.qos,
-                    isolation=request.isolation,
-                    eviction_protection_s=work.submission.eviction_protection_s or None,
-                )
+            reservation = ReservationRequest(
+                allocation_id=allocation_id,
+                workload=work.submission.workload,
+                pool=request.pool,
+                node=node,
+                shares=shares,
+                qos=request.qos,
+                isolation=request.isolation,
+                eviction_protection_s=work.submission.eviction_protection_s or None,
             )
-            adopted = isinstance(result, Reserved)
-            if adopted:
-                await self.scheduler.ledger.commit(allocation_id)
+            try:
+                async with self.scheduler.ledger.transaction() as transaction:
+                    [result] = await transaction.reserve_many([reservation], commit=True)
+                    if isinstance(result, Reserved):
+                        for event in self._drift_events(
+                            pod, allocation_id, gpu_ids, "adopted into the ledger"
+                        ):
+                            await transaction.announce(event)
+            except BatchAbandonedError:  # another replica adopted it at this moment; it announces
+                return False
+            if isinstance(result, Reserved):
                 await self.scheduler.start()
-                detail = "adopted into the ledger"
-            else:
-                detail = f"could not be adopted: {getattr(result, 'message', result)}"
+                if self.status is not None:
+                    self.status.notify()
+                return True
+            detail = f"could not be adopted: {getattr(result, 'message', result)}"
         elif not detail:
             unknown = [uuid for uuid in gpu_ids if uuid not in gpus]
             detail = f"its GPUs {', '.join(unknown)} are not in the ledger for node {node}"
-        for uuid in gpu_ids:
-            await self.scheduler.bus.publish(
-                DriftDetected(
-                    event_id=uuid5(allocation_id, f"binding-without-allocation/{uuid}"),
-                    occurred_at=self.clock(),
-                    node=node,
-                    gpu_uuid=uuid,
-                    kind="binding-without-allocation",
-                    detail=f"pod {pod.namespace}/{pod.name} is bound to {node} with gpu-ids "
-                    f"{','.join(gpu_ids)} but the ledger had no allocation; {detail}",
-                    workload=workload_of(pod),
-                )
+        for event in self._drift_events(pod, allocation_id, gpu_ids, detail):
+            await self.scheduler.bus.publish(event)
+        return False
+
+    def _drift_events(
+        self, pod: Pod, allocation_id: UUID, gpu_ids: tuple[str, ...], detail: str
+    ) -> list[DriftDetected]:
+        """One `binding-without-allocation` drift event per GPU of the bound pod, with ids derived from
+        its allocation and GPU (the same drift announced again is the same event)."""
+        node = pod.node_name
+        assert node is not None
+        return [
+            DriftDetected(
+                event_id=uuid5(allocation_id, f"binding-without-allocation/{uuid}"),
+                occurred_at=self.clock(),
+                node=node,
+                gpu_uuid=uuid,
+                kind="binding-without-allocation",
+                detail=f"pod {pod.namespace}/{pod.name} is bound to {node} with gpu-ids "
+                f"{','.join(gpu_ids)} but the ledger had no allocation; {detail}",
+                workload=workload_of(pod),
             )
-        if adopted and self.status is not None:
-            self.status.notify()
-        return adopted
+            for uuid in gpu_ids
+        ]
 
 
 async def _wait(stop: asyncio.Event, seconds: float) -> None:

@@ -151,14 +151,19 @@ class WorkloadStore:
         async with self.engine.begin() as own:
             return await _insert_many(own, submissions, now)
 
-    async def keep_pending(self, reasons: dict[UUID, str], now: datetime) -> set[UUID]:
-        """Set each still-pending workload's reason in one statement; returns the ids that were pending."""
+    async def keep_pending(
+        self, reasons: dict[UUID, str], now: datetime, *, connection: AsyncConnection | None = None
+    ) -> set[UUID]:
+        """Set each still-pending workload's reason in one statement; returns the ids that were pending.
+        With `connection`, within the caller's open transaction (it commits or rolls back with it)."""
         if not reasons:
             return set()
         rows = [{"allocation_id": str(key), "reason": reason} for key, reason in reasons.items()]
-        async with self.engine.begin() as connection:
-            kept = await connection.execute(_KEEP_PENDING, {"rows": json.dumps(rows), "now": now})
-            return {allocation_id for (allocation_id,) in kept}
+        parameters = {"rows": json.dumps(rows), "now": now}
+        if connection is not None:
+            return {allocation_id for (allocation_id,) in await connection.execute(_KEEP_PENDING, parameters)}
+        async with self.engine.begin() as own:
+            return {allocation_id for (allocation_id,) in await own.execute(_KEEP_PENDING, parameters)}
 
     async def get(self, allocation_id: UUID) -> StoredWorkload | None:
         async with self.engine.connect() as connection:
@@ -177,18 +182,20 @@ class WorkloadStore:
         now: datetime,
         *,
         only_from: tuple[WorkloadState, ...] | None = None,
+        connection: AsyncConnection | None = None,
     ) -> bool:
-        """Move the workload to `state`; with `only_from`, only if it is in one of those states now."""
+        """Move the workload to `state`; with `only_from`, only if it is in one of those states now.
+        With `connection`, within the caller's open transaction (it commits or rolls back with it)."""
         statement = sa.update(scheduler_workload).where(scheduler_workload.c.allocation_id == allocation_id)
         if only_from is not None:
             statement = statement.where(scheduler_workload.c.state.in_(only_from))
-        async with self.engine.begin() as connection:
-            result = await connection.execute(
-                statement.values(state=state, reason=reason, updated_at=now).returning(
-                    scheduler_workload.c.allocation_id
-                )
-            )
-            return result.first() is not None
+        moved = statement.values(state=state, reason=reason, updated_at=now).returning(
+            scheduler_workload.c.allocation_id
+        )
+        if connection is not None:
+            return (await connection.execute(moved)).first() is not None
+        async with self.engine.begin() as own:
+            return (await own.execute(moved)).first() is not None
 
     async def pending(self) -> list[StoredWorkload]:
         """Pending workloads, highest priority first, then the oldest."""

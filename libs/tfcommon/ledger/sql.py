@@ -21,7 +21,7 @@ from uuid import UUID
 import psycopg
 import sqlalchemy as sa
 from sqlalchemy import Executable, Row, and_, select, text, update
-from sqlalchemy.dialects.postgresql import JSONB, insert
+from sqlalchemy.dialects.postgresql import JSONB, Insert, insert
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
@@ -390,9 +390,7 @@ class SqlLedger:
         changes nothing (no capacity, no history, no event). `evicted` records the history entry as
         `evicted` instead of `released`.
         """
-        if not reason:
-            raise LedgerInputError("reason: empty; say why the allocation ends (e.g. pod-deleted, evicted)")
-        kind: HistoryKind = "evicted" if evicted else "released"
+        kind = _release_kind(reason, evicted=evicted)
         async with self.engine.begin() as connection:
             return await _release_in(connection, allocation_id, reason, cause, self._clock(), kind)
 
@@ -440,14 +438,15 @@ class SqlLedger:
 
     @contextlib.asynccontextmanager
     async def transaction(self) -> AsyncIterator[LedgerTransaction]:
-        """One transaction the caller fills with its own statements, the holds read and one batch of
-        pipelined reservations; it commits when the block ends without an error (one commit, one
-        fsync, for the caller's record and the reservations together).
+        """One transaction the caller fills with its own statements, the holds read, one batch of
+        pipelined reservations, releases and events for the outbox; it commits when the block ends
+        without an error (one commit, one fsync, for the caller's record and the ledger's changes
+        together), and writes nothing at all otherwise.
 
         Raises `BatchAbandonedError`, after rolling everything back, when the batch cannot finish as one
         transaction: another writer reserved the same allocation id at the same moment, or Postgres
         aborted the transaction to break a deadlock. The caller redoes its batch with
-        `reserve_many()`, which handles both.
+        `reserve_many()`, which handles both (or, without reservations, redoes the block).
         """
         try:
             async with self.engine.begin() as connection:
@@ -601,8 +600,10 @@ class BatchAbandonedError(Exception):
 
 class LedgerTransaction:
     """The contract of an open `SqlLedger.transaction()`: `connection` for the caller's own statements
-    (they commit with the reservations or not at all), the holds as this transaction sees them, and
-    `reserve_many()` sent in one round trip. Results are final only once the block has committed."""
+    (they commit with the ledger's changes or not at all), the holds as this transaction sees them,
+    `reserve_many()` sent in one round trip, `release()`, and `announce()` for an event of the caller's
+    own that must go out exactly when its change commits (an eviction's `PodEvicted`). Results are
+    final only once the block has committed."""
 
     def __init__(self, connection: AsyncConnection, clock: Clock) -> None:
         self.connection = connection
@@ -628,6 +629,21 @@ class LedgerTransaction:
         if then is not None:
             await self.connection.execute(then)
         return results
+
+    async def release(
+        self, allocation_id: UUID, reason: str, cause: UUID | None = None, *, evicted: bool = False
+    ) -> bool:
+        """`SqlLedger.release()` within this transaction: the capacity, the history entry and the
+        `AllocationReleased` event commit with the caller's statements or not at all."""
+        kind = _release_kind(reason, evicted=evicted)
+        return await _release_in(self.connection, allocation_id, reason, cause, self._clock(), kind)
+
+    async def announce(self, *events: Event) -> int:
+        """Write `events` to the outbox in this transaction (one statement): the relay publishes them, in
+        this order, once the transaction has committed, and never if it rolls back. Once per event id:
+        an id the outbox holds already is not written again (an event announced before is not
+        announced twice). Returns how many were written."""
+        return await _write_outbox_once(self.connection, events)
 
 
 def _holds_query(*, expired: bool) -> Executable:
@@ -915,6 +931,13 @@ def _outside_hold(hold: AllocationRecord, request: ReservationRequest) -> Reserv
     return None
 
 
+def _release_kind(reason: str, *, evicted: bool) -> HistoryKind:
+    """The history kind of a release, once its reason is checked."""
+    if not reason:
+        raise LedgerInputError("reason: empty; say why the allocation ends (e.g. pod-deleted, evicted)")
+    return "evicted" if evicted else "released"
+
+
 async def _release_in(
     connection: AsyncConnection,
     allocation_id: UUID,
@@ -999,16 +1022,34 @@ async def _append_history(
     )
 
 
-async def _write_outbox(connection: AsyncConnection, event: Event) -> None:
-    await connection.execute(
-        insert(tables.outbox).values(
-            event_id=event.event_id,
-            subject=event.routing_subject(),
-            event_type=event.event_type(),
-            payload=event.model_dump(mode="json"),
-            occurred_at=event.occurred_at,
-        )
+def _outbox_rows(events: Sequence[Event]) -> Insert:
+    return insert(tables.outbox).values(
+        [
+            {
+                "event_id": event.event_id,
+                "subject": event.routing_subject(),
+                "event_type": event.event_type(),
+                "payload": event.model_dump(mode="json"),
+                "occurred_at": event.occurred_at,
+            }
+            for event in events
+        ]
     )
+
+
+async def _write_outbox(connection: AsyncConnection, event: Event) -> None:
+    await connection.execute(_outbox_rows([event]))
+
+
+async def _write_outbox_once(connection: AsyncConnection, events: Sequence[Event]) -> int:
+    if not events:
+        return 0
+    written = await connection.execute(
+        _outbox_rows(events)
+        .on_conflict_do_nothing(index_elements=[tables.outbox.c.event_id])
+        .returning(tables.outbox.c.id)
+    )
+    return len(written.all())
 
 
 def _reserved_record(request: ReservationRequest, now: datetime) -> AllocationRecord:

@@ -1,4 +1,5 @@
-"""Builders for tests that use the ledger: register a node with GPUs, describe a reservation.
+"""Builders for tests that use the ledger: register a node with GPUs, describe a reservation, and read
+what the outbox relay delivers to JetStream.
 
 Every call uses fresh, unique names, so tests sharing one database do not collide. Test support only:
 no service imports this module.
@@ -8,7 +9,14 @@ from __future__ import annotations
 
 from uuid import uuid4
 
-from tfcommon.events import WorkloadRef
+import sqlalchemy as sa
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+from tfcommon import subjects
+from tfcommon.bus import MSG_ID_HEADER, NatsEventBus
+from tfcommon.events import Message, WorkloadRef, decode
+from tfcommon.ledger import tables
+from tfcommon.ledger.outbox import OutboxRelay
 from tfcommon.ledger.records import GpuSpec, NodeSpec, ReservationRequest, ShareRequest
 from tfcommon.ledger.sql import SqlLedger
 
@@ -64,3 +72,34 @@ def a_reservation(
         isolation="soft",
         cause=uuid4(),
     )
+
+
+async def relayed_events(ledger: SqlLedger, bus: NatsEventBus, subject: str) -> list[tuple[str, Message]]:
+    """Publish the whole outbox with the relay, twice over (every row marked unpublished again in
+    between, as after a relay that crashed between publishing and marking), then return each message on
+    `subject` in the events stream as a fresh consumer sees it: its `Nats-Msg-Id` and the decoded event."""
+    relay = OutboxRelay(ledger, bus)
+    while await relay.publish_pending():
+        pass
+    async with ledger.engine.begin() as connection:
+        await connection.execute(sa.update(tables.outbox).values(published_at=None))
+    while await relay.publish_pending():
+        pass
+    subscription = await bus.js.pull_subscribe(
+        subject,
+        stream=subjects.EVENTS.name,
+        config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL, ack_policy=AckPolicy.NONE),
+    )
+    found: list[tuple[str, Message]] = []
+    try:
+        remaining = (await subscription.consumer_info()).num_pending or 0
+        while remaining > 0:
+            batch = await subscription.fetch(batch=remaining, timeout=10)
+            remaining -= len(batch)
+            found += [
+                ((message.headers or {}).get(MSG_ID_HEADER, ""), decode(message.subject, message.data))
+                for message in batch
+            ]
+    finally:
+        await subscription.unsubscribe()
+    return found

@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from uuid import uuid4
 
+import sqlalchemy as sa
 from tfcommon.bus import InMemoryEventBus
 from tfcommon.cluster import Cluster
 from tfcommon.cluster.memory import InMemoryCluster
-from tfcommon.events import WorkloadRef
+from tfcommon.events import Message, PodEvicted, WorkloadRef
+from tfcommon.ledger import tables
 from tfcommon.ledger.records import GpuSpec, NodeSpec, ReservationRequest, ShareRequest
 from tfcommon.ledger.sql import SqlLedger
 from tfdefrag.campaign import CampaignDeps, CampaignExecutor, ExecutorSettings
@@ -50,14 +52,18 @@ class Scenario:
         return f"gpu-{node}-{index}"
 
     def executor(
-        self, *, replacement_timeout_s: float = 10.0, cluster: Cluster | None = None
+        self,
+        *,
+        replacement_timeout_s: float = 10.0,
+        cluster: Cluster | None = None,
+        publish: Callable[[Message], Awaitable[None]] | None = None,
     ) -> CampaignExecutor:
         return CampaignExecutor(
             CampaignDeps(
                 cluster=cluster or self.cluster,
                 ledger=self.ledger,
                 store=self.store,
-                publish=self.bus.publish,
+                publish=publish or self.bus.publish,
                 clock=utc_now,
                 settings=ExecutorSettings(
                     replacement_timeout=timedelta(seconds=replacement_timeout_s), poll_interval_s=0.02
@@ -65,8 +71,19 @@ class Scenario:
             )
         )
 
-    def events(self) -> list[str]:
-        return [message.subject for message in self.bus.stored]
+    async def events(self) -> list[str]:
+        """The subjects of what the campaign announced, in the order it happened: what it published and
+        the `tf.evt.pod.evicted` it wrote to the ledger outbox with each eviction (for the relay)."""
+        announced = [message.decoded() for message in self.bus.stored]
+        outbox = tables.outbox.c
+        async with self.ledger.engine.connect() as connection:
+            rows = await connection.execute(
+                sa.select(outbox.payload).where(
+                    outbox.subject == PodEvicted.subject, outbox.payload["pool"].astext == self.pool
+                )
+            )
+            announced += [PodEvicted.model_validate(payload) for (payload,) in rows]
+        return [event.subject for event in sorted(announced, key=lambda event: event.occurred_at)]
 
 
 def node_manifest(name: str) -> dict[str, object]:

@@ -66,7 +66,7 @@ async def test_a_campaign_drains_the_node_one_pod_at_a_time(ledger: SqlLedger) -
         scheduler.source_refusals
         == ["node being drained by the defrag planner (tensor-fusion.ai/defrag-source)"] * 2
     )
-    assert scenario.events() == [
+    assert await scenario.events() == [
         "tf.evt.defrag-campaign.started",
         EVICTED,
         EVICTED,
@@ -162,7 +162,7 @@ async def test_a_restart_in_the_middle_resumes_the_campaign_without_repeating(le
     assert sorted(scheduler.placed) == ["w1", "w2"]
     assert len(await scenario.store.list_campaigns(scenario.pool)) == 1
     assert await scenario.store.last_defrag_time(scenario.pool) == tick
-    assert scenario.events().count("tf.evt.defrag-campaign.started") == 1
+    assert (await scenario.events()).count("tf.evt.defrag-campaign.started") == 1
 
 
 async def test_two_replicas_never_run_one_pool_at_once(ledger: SqlLedger) -> None:

@@ -93,6 +93,9 @@ async def test_unschedulable_workload_is_announced_with_the_placement_summary(
     assert status.state == "pending"
     assert status.reason is not None
     assert status.reason.startswith("0/2 nodes fit: 2 insufficient VRAM")
+    relay = OutboxRelay(ledger, bus)  # the verdict's event is in the outbox, committed with it
+    while await relay.publish_pending():
+        pass
     await _eventually(lambda: any(event["summary"] == status.reason for event in received))
     await subscription.unsubscribe()
 
@@ -219,6 +222,9 @@ async def test_preemption_evicts_the_lowest_qos_then_youngest_for_a_higher_prior
     assert (await scheduler.status(medium.id)).state == "placed"  # type: ignore[union-attr]
     history = await ledger.history(low_young.id)
     assert [entry.kind for entry in history] == ["opened", "committed", "evicted"]
+    relay = OutboxRelay(ledger, bus)  # the eviction's event is in the outbox, committed with it
+    while await relay.publish_pending():
+        pass
     await _eventually(lambda: [event["workload"]["name"] for event in evicted] == ["low-young"])
     assert evicted[0]["preemptor"]["name"] == "critical"
     await subscription.unsubscribe()

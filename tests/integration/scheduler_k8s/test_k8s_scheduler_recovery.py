@@ -25,6 +25,7 @@ from k8s_scheduler_support import (
 )
 from nats.aio.msg import Msg
 from tfcommon.bus import NatsEventBus
+from tfcommon.ledger.outbox import OutboxRelay
 from tfcommon.ledger.sql import SqlLedger
 
 pytestmark = pytest.mark.integration
@@ -122,6 +123,9 @@ async def test_a_restart_releases_gone_pods_places_new_ones_and_adopts_unknown_b
         assert [(s.gpu_uuid, s.tflops_milli, s.vram_bytes) for s in adopted.shares] == [
             (uuids[1], 5_000, 4 * GIB)
         ]
+        relay = OutboxRelay(ledger, bus)  # the adoption's drift events commit with it, in the outbox
+        while await relay.publish_pending():
+            pass
         await eventually(lambda: drift, what="drift event")
         assert drift[0]["kind"] == "binding-without-allocation"
         assert drift[0]["gpu_uuid"] == uuids[1]
