@@ -27,7 +27,14 @@ from typing import Any
 from uuid import uuid4
 
 import httpx
-from tfcommon.quantities import QuantityError, format_bytes, format_milli, parse_bytes, parse_milli
+from tfcommon.quantities import (
+    MissingUnitError,
+    QuantityError,
+    format_bytes,
+    format_milli,
+    parse_bytes,
+    parse_milli,
+)
 
 from tfctl.commands.get import scheduler_url
 
@@ -129,9 +136,16 @@ def _say(message: str) -> None:
 def _quantity(parse: Any, text: str, flag: str, example: str) -> int:
     try:
         value: int = parse(text, what=flag)
+    except MissingUnitError as error:
+        raise RunError(str(error), EXIT_USAGE) from None
     except QuantityError as error:
         raise RunError(f"{error} (e.g. {flag} {example})", EXIT_USAGE) from None
     return value
+
+
+def _parse_size(text: str, *, what: str) -> int:
+    """A `--vram` size: bytes, with a unit (a bare `8` is refused rather than read as 8 bytes)."""
+    return parse_bytes(text, what=what, unit_required=True)
 
 
 def _pairs(values: Sequence[str], flag: str, example: str) -> dict[str, str]:
@@ -162,14 +176,14 @@ def plan_from_args(args: argparse.Namespace) -> RunPlan:
     if args.wait < 0 or args.grace < 0:
         raise RunError("--wait and --grace must be 0 or more seconds", EXIT_USAGE)
     tflops = _quantity(parse_milli, args.tflops, "--tflops", "20")
-    vram = _quantity(parse_bytes, args.vram, "--vram", "16Gi")
+    vram = _quantity(_parse_size, args.vram, "--vram", "16Gi")
     tflops_limit = (
         tflops
         if args.tflops_limit is None
         else _quantity(parse_milli, args.tflops_limit, "--tflops-limit", "40")
     )
     vram_limit = (
-        vram if args.vram_limit is None else _quantity(parse_bytes, args.vram_limit, "--vram-limit", "24Gi")
+        vram if args.vram_limit is None else _quantity(_parse_size, args.vram_limit, "--vram-limit", "24Gi")
     )
     if tflops_limit < tflops or vram_limit < vram:
         raise RunError("--tflops-limit and --vram-limit must be at least --tflops and --vram", EXIT_USAGE)

@@ -2,7 +2,10 @@
 
 The same pure admission as the webhook (`tfwebhook.core.admit`) turns the pod's `tensor-fusion.ai/*`
 annotations into a GPU request; a denied pod is not submitted. The scheduler answers placed (exit 0),
-pending with the reason (exit 0; placed later, when capacity or quota frees), or refused (exit 1).
+pending with the reason (exit 0; placed later, when capacity or quota frees), or refused (exit 1:
+an unknown pool, or a request no node of the pool could ever hold, with the largest that fits). Under
+`tensor-fusion.ai/enabled-replicas: N`, pods of a workload beyond the N live ones are not taken over
+(exit 0, "not taken over", nothing submitted), as the webhook admits them unchanged in Kubernetes.
 Submitting the same pod again (a manifest without `metadata.uid`) answers the workload already there.
 Mutating the scheduler needs `TF_API_TOKEN`. Exit 2: the file or the configuration is malformed.
 """
@@ -24,6 +27,7 @@ from tfwebhook.core.admission import AdmissionContext, Admitted, admit
 from tfctl.commands.get import scheduler_url
 
 EXIT_PLACED, EXIT_REFUSED, EXIT_MALFORMED = 0, 1, 2
+NOT_TAKEN_OVER = 409
 PRIORITY_BY_CLASS = {"tensor-fusion-high": 10_000, "tensor-fusion-critical": 100_000}
 
 
@@ -48,7 +52,7 @@ def submission_for(pod: dict[str, Any], namespace: str, config_path: Path | None
     if not isinstance(verdict, Admitted):
         return f"denied by admission: {verdict.message}"
     if verdict.request is None or verdict.workload is None:
-        return "the pod asks for no GPU (no tensor-fusion.ai/* request); nothing to schedule"
+        return f"the pod is not taken over ({verdict.reason}); nothing to schedule"
     spec = pod.get("spec") or {}
     return {
         "workload": verdict.workload.model_dump(mode="json"),
@@ -62,6 +66,9 @@ def submission_for(pod: dict[str, Any], namespace: str, config_path: Path | None
         "labels": {
             str(key): str(value) for key, value in ((pod.get("metadata") or {}).get("labels") or {}).items()
         },
+        "takeover": None
+        if verdict.takeover is None
+        else {"workload_key": verdict.takeover.workload_key, "limit": verdict.takeover.limit},
     }
 
 
@@ -94,6 +101,13 @@ def handler(args: argparse.Namespace) -> int:
     except httpx.HTTPError as error:
         return _fail(f"the scheduler at {url} did not answer: {error}", EXIT_REFUSED)
     body = response.json()
+    if response.status_code == NOT_TAKEN_OVER:
+        name = submission["workload"]["name"]
+        if args.json:
+            print(json.dumps({"state": "not-taken-over", "reason": body.get("detail")}, indent=2))
+        else:
+            print(f"not taken over {namespace}/{name}: {body.get('detail')}")
+        return EXIT_PLACED
     if response.status_code >= 400:
         return _fail(f"refused ({response.status_code}): {body.get('detail', body)}", EXIT_REFUSED)
     if args.json:

@@ -16,7 +16,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from tfcommon.placement import Gpu, PlacementRequest
 from tfcommon.quantities import format_bytes
 
-from tfscheduler.core.view import GpuFacts
+from tfscheduler.core.view import GpuFacts, placement_gpu
 
 
 def unknown_pool(pool: str, known: Collection[str]) -> str | None:
@@ -35,16 +35,7 @@ def ledger_cards(
     cards: dict[str, list[Gpu]] = {name: [] for name, node_pool in node_pools.items() if node_pool == pool}
     for gpu in gpus:
         if gpu.node in cards:
-            cards[gpu.node].append(
-                Gpu(
-                    uuid=gpu.uuid,
-                    index=gpu.index,
-                    model=gpu.model,
-                    tflops_milli=gpu.capacity_tflops_milli,
-                    vram_bytes=gpu.capacity_vram_bytes,
-                    vendor=gpu.vendor.lower(),
-                )
-            )
+            cards[gpu.node].append(placement_gpu(gpu, workers=0))
     return dict(cards)
 
 

@@ -196,7 +196,7 @@ def build_snapshot(
             name=node.name,
             cpu_milli=node.cpu_allocatable_milli,
             memory_bytes=node.memory_allocatable_bytes,
-            gpus=tuple(_placement_gpu(gpu, workers_by_gpu.get(gpu.uuid, 0)) for gpu in ordered),
+            gpus=tuple(placement_gpu(gpu, workers_by_gpu.get(gpu.uuid, 0)) for gpu in ordered),
             labels=dict(node.labels),
             taints=tuple(
                 Taint(key=t.get("key", ""), value=t.get("value", ""), effect=t.get("effect", "NoSchedule"))
@@ -209,7 +209,8 @@ def build_snapshot(
     return ClusterSnapshot(nodes=built, blocked=blocked)
 
 
-def _placement_gpu(gpu: GpuFacts, workers: int) -> Gpu:
+def placement_gpu(gpu: GpuFacts, workers: int) -> Gpu:
+    """The placement core's GPU for a ledger GPU hosting `workers` workers (full unless `Running`)."""
     if gpu.phase != "Running":
         # A GPU that is not Running takes nothing new: present it as full.
         used_tflops, used_vram = gpu.capacity_tflops_milli, gpu.capacity_vram_bytes

@@ -418,18 +418,31 @@ async def test_an_unschedulable_request_exits_3_with_the_schedulers_reason(
     run_stack: RunStack, tmp_path: Path
 ) -> None:
     script = _script(tmp_path, "print('must not run')\n")
-
-    exit_code, stdout, stderr = await _finish(
-        await _start_run(run_stack, script, "--wait", "1", vram="4096Gi")
-    )
-
-    assert exit_code == 3
-    assert stdout == ""
-    assert "unschedulable after" in stderr
-    assert "VRAM" in stderr
-    allocation_id = _allocation_id(stderr)
+    whole_node = {
+        "workload": {"namespace": "default", "name": f"holder-{uuid4().hex[:6]}", "uid": str(uuid4())},
+        "request": {
+            "pool": run_stack.pool,
+            "gpu_count": 2,
+            "tflops_request_milli": 1000,
+            "tflops_limit_milli": 1000,
+            "vram_request_bytes": 80 * 1024**3,
+            "vram_limit_bytes": 80 * 1024**3,
+        },
+    }
+    auth = {"Authorization": f"Bearer {TOKEN}"}
     async with httpx.AsyncClient(base_url=run_stack.scheduler_url, timeout=5) as client:
-        status = (await client.get(f"/api/v1/workloads/{allocation_id}")).json()
+        holder = await client.post("/api/v1/workloads", json=whole_node, headers=auth)
+        assert holder.status_code == 201, holder.text
+        try:
+            exit_code, stdout, stderr = await _finish(await _start_run(run_stack, script, "--wait", "1"))
+        finally:
+            await client.delete(f"/api/v1/workloads/{holder.json()['id']}", headers=auth)
+
+        assert exit_code == 3
+        assert stdout == ""
+        assert "unschedulable after" in stderr
+        assert "VRAM" in stderr
+        status = (await client.get(f"/api/v1/workloads/{_allocation_id(stderr)}")).json()
     assert status["state"] == "ended"
 
 

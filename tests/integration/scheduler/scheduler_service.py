@@ -1,4 +1,5 @@
-"""Runs `tfctl serve scheduler` as real processes for the service tests, and polls with deadlines."""
+"""Runs `tfctl serve scheduler` as real processes for the service tests, runs `tfctl`, and polls with
+deadlines."""
 
 from __future__ import annotations
 
@@ -41,6 +42,23 @@ def service_environment(database_url: str, nats_url: str, **extra: str) -> dict[
         **extra,
     )
     return environment
+
+
+async def run_tfctl(
+    *args: str, environment: dict[str, str], stdin: bytes | None = None
+) -> tuple[int, str, str]:
+    """Run `tfctl ARGS` in `environment`; its exit code, stdout and stderr."""
+    process = await asyncio.create_subprocess_exec(
+        TFCTL,
+        *args,
+        env=environment,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(process.communicate(stdin), timeout=60)
+    assert process.returncode is not None
+    return process.returncode, out.decode(), err.decode()
 
 
 async def eventually(check: Callable[[], Awaitable[T | None]], timeout_s: float = 20.0) -> T:

@@ -20,7 +20,7 @@ import yaml
 from nats.aio.msg import Msg
 from pydantic import SecretStr
 from scheduler_builders import GIB, a_submission
-from scheduler_service import TFCTL, TOKEN, eventually, private_nats, service_environment
+from scheduler_service import TOKEN, eventually, private_nats, run_tfctl, service_environment
 from tfcommon.bus import NatsEventBus
 from tfcommon.events import GpuDiscovered, NodeHeartbeatSent, NodeRegistered
 from tfcommon.infra import free_port
@@ -101,20 +101,6 @@ async def simulate_node_agent(bus: NatsEventBus, gpus: int) -> list[str]:
         )
     )
     return uuids
-
-
-async def _tfctl(*args: str, environment: dict[str, str], stdin: bytes | None = None) -> tuple[int, str, str]:
-    process = await asyncio.create_subprocess_exec(
-        TFCTL,
-        *args,
-        env=environment,
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(process.communicate(stdin), timeout=60)
-    assert process.returncode is not None
-    return process.returncode, out.decode(), err.decode()
 
 
 def _pod_manifest(name: str) -> dict[str, Any]:
@@ -225,18 +211,18 @@ async def test_the_service_places_over_http_from_node_agent_inventory_and_announ
             environment = service_environment("", own_nats_url, TF_SCHEDULER_URL=url)
             pod = tmp_path / "pod.yaml"
             pod.write_text(yaml.safe_dump(_pod_manifest("notebook")), encoding="utf-8")
-            code, out, err = await _tfctl("submit", "-f", str(pod), environment=environment)
+            code, out, err = await run_tfctl("submit", "-f", str(pod), environment=environment)
             assert code == 0, err
             assert out.startswith(f"placed team-a/notebook on {NODE}: ")
-            code, again, err = await _tfctl("submit", "-f", str(pod), environment=environment)
+            code, again, err = await run_tfctl("submit", "-f", str(pod), environment=environment)
             assert code == 0, err
             assert again == out  # the same pod submitted twice is one workload, as with kubectl apply
-            code, out, err = await _tfctl("get", "allocations", "--json", environment=environment)
+            code, out, err = await run_tfctl("get", "allocations", "--json", environment=environment)
             assert code == 0, err
             [allocation] = json.loads(out)
             assert (allocation["namespace"], allocation["name"]) == ("team-a", "notebook")
             assert allocation["shares"][0]["tflops_milli"] == 20_000
-            code, out, err = await _tfctl("get", "gpus", environment=environment)
+            code, out, err = await run_tfctl("get", "gpus", environment=environment)
             assert code == 0, err
             assert out.splitlines()[0].split() == [
                 "UUID",
@@ -255,7 +241,7 @@ async def test_the_service_places_over_http_from_node_agent_inventory_and_announ
             ]
             assert held.split()[-2:] == ["80/100", "64/80"]  # 20 TFLOPS and 16 GiB taken, in one unit each
             unauthorized = {key: value for key, value in environment.items() if key != "TF_API_TOKEN"}
-            code, _out, err = await _tfctl("submit", "-f", str(pod), environment=unauthorized)
+            code, _out, err = await run_tfctl("submit", "-f", str(pod), environment=unauthorized)
             assert code != 0
             assert "TF_API_TOKEN" in err
     finally:

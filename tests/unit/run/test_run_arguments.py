@@ -89,3 +89,21 @@ def test_the_agent_url_of_a_tfctl_up_stack_comes_from_its_endpoints_file(tmp_pat
         RunError, match=r"no agent URL known for node sim-node-9: pass --agent-url sim-node-9="
     ):
         agent_url_for("sim-node-9", plan)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        pytest.param(["--vram", "8"], "tfctl run: --vram 8: give a unit, e.g. 8Gi\n", id="vram"),
+        pytest.param(
+            ["--vram", "8Gi", "--vram-limit", "16"],
+            "tfctl run: --vram-limit 16: give a unit, e.g. 16Gi\n",
+            id="limit",
+        ),
+    ],
+)
+def test_a_vram_without_unit_exits_2_asking_for_one(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["run", "--tflops", "20", *argv, "--", "true"]) == 2
+    assert capsys.readouterr().err == message
