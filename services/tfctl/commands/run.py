@@ -17,6 +17,7 @@ import base64
 import json
 import os
 import re
+import shlex
 import signal
 import sys
 import time
@@ -37,6 +38,7 @@ from tfcommon.quantities import (
 )
 
 from tfctl.commands.get import scheduler_url
+from tfctl.local_state import TOKEN_ENV, api_token, token_path
 
 EXIT_USAGE, EXIT_NOT_PLACED, EXIT_CONTROL_PLANE = 2, 3, 125
 QOS_LEVELS = ("low", "medium", "high", "critical")
@@ -221,7 +223,7 @@ def plan_from_args(args: argparse.Namespace) -> RunPlan:
         state_dir=args.state_dir,
         wait_s=args.wait,
         grace_s=args.grace,
-        token=os.environ.get("TF_API_TOKEN") or None,
+        token=api_token(args.state_dir),
     )
 
 
@@ -421,10 +423,26 @@ class Run:
         try:
             answer = await client.delete(url, headers=self.headers)
         except httpx.HTTPError as error:
-            _say(f"could not release allocation {self.allocation_id} ({error}); run: curl -X DELETE {url}")
+            _say(
+                f"could not release allocation {self.allocation_id} ({error}); once the scheduler answers, "
+                f"run: {release_command(url, self.plan.state_dir)}"
+            )
             return
         if answer.status_code not in (200, 404):
-            _say(f"could not release allocation {self.allocation_id}: {_error_text(answer)}")
+            _say(
+                f"could not release allocation {self.allocation_id}: {_error_text(answer)}; "
+                f"run: {release_command(url, self.plan.state_dir)}"
+            )
+
+
+def release_command(url: str, state_dir: Path) -> str:
+    """A shell command that releases the allocation at `url` by hand, with the token `tfctl run` used
+    (named, never printed: `$TF_API_TOKEN`, or read from the stack's token file)."""
+    if os.environ.get(TOKEN_ENV, "").strip():
+        token = f"${TOKEN_ENV}"
+    else:
+        token = f"$(cat {shlex.quote(str(token_path(state_dir).resolve()))})"
+    return f'curl -fsS -X DELETE -H "Authorization: Bearer {token}" {shlex.quote(url)}'
 
 
 def handler(args: argparse.Namespace) -> int:

@@ -7,7 +7,8 @@ an unknown pool, or a request no node of the pool could ever hold, with the larg
 `tensor-fusion.ai/enabled-replicas: N`, pods of a workload beyond the N live ones are not taken over
 (exit 0, "not taken over", nothing submitted), as the webhook admits them unchanged in Kubernetes.
 Submitting the same pod again (a manifest without `metadata.uid`) answers the workload already there.
-Mutating the scheduler needs `TF_API_TOKEN`. Exit 2: the file or the configuration is malformed.
+Mutating the scheduler needs the stack's API token (`TF_API_TOKEN`, else the `api-token` file `tfctl up`
+wrote in `TF_STATE_DIR` / `.tf`). Exit 2: the file or the configuration is malformed.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from tfcommon.config import ConfigError, load_config
 from tfwebhook.core.admission import AdmissionContext, Admitted, admit
 
 from tfctl.commands.get import scheduler_url
+from tfctl.local_state import api_token, missing_token_hint
 
 EXIT_PLACED, EXIT_REFUSED, EXIT_MALFORMED = 0, 1, 2
 NOT_TAKEN_OVER = 409
@@ -92,15 +94,21 @@ def handler(args: argparse.Namespace) -> int:
         return _fail(str(error))
     if isinstance(submission, str):
         return _fail(submission, EXIT_REFUSED)
-    token = os.environ.get("TF_API_TOKEN")
+    token = api_token()
     if not token:
-        return _fail("TF_API_TOKEN is not set; the scheduler requires it to accept workloads")
+        return _fail(missing_token_hint())
     url = f"{scheduler_url(args.scheduler_url)}/api/v1/workloads"
     try:
         response = httpx.post(url, json=submission, headers={"Authorization": f"Bearer {token}"}, timeout=30)
     except httpx.HTTPError as error:
         return _fail(f"the scheduler at {url} did not answer: {error}", EXIT_REFUSED)
-    body = response.json()
+    try:
+        body = response.json()
+    except ValueError:
+        text = response.text.strip()[:300] or "(empty body)"
+        return _fail(f"the scheduler at {url} answered {response.status_code}: {text}", EXIT_REFUSED)
+    if not isinstance(body, dict):
+        return _fail(f"the scheduler at {url} answered {response.status_code}: {body}", EXIT_REFUSED)
     if response.status_code == NOT_TAKEN_OVER:
         name = submission["workload"]["name"]
         if args.json:

@@ -107,7 +107,11 @@ async def test_evicting_through_the_local_cluster_recreates_the_workload_and_hon
             answer = await client.post("/api/v1/workloads", json=body.model_dump(mode="json"), headers=AUTH)
             assert answer.status_code == 201, answer.text
             placed[name] = answer.json()
-        pending = a_submission(name="too-big", vram_bytes=200 * GIB).model_dump(mode="json")
+        # 64Gi fills the GPU with the most room, so a 70Gi request fits a card but none has room now
+        # (a request above every card would be refused outright).
+        filler = a_submission(name="filler", vram_bytes=64 * GIB).model_dump(mode="json")
+        assert (await client.post("/api/v1/workloads", json=filler, headers=AUTH)).status_code == 201
+        pending = a_submission(name="too-big", vram_bytes=70 * GIB).model_dump(mode="json")
         waiting = (await client.post("/api/v1/workloads", json=pending, headers=AUTH)).json()
 
         cluster = SchedulerApiCluster(url, api_token=TOKEN, pdb_file=allowing)
