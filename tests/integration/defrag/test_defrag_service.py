@@ -119,7 +119,7 @@ async def test_the_plan_api_and_the_manual_trigger(
             await subjects.provision(bus.js)
             finished = await bus.js.subscribe(subjects.DEFRAG_CAMPAIGN_FINISHED, ordered_consumer=True)
             async with running(StandInScheduler(scenario, seed)):
-                await _send(nats_url, scenario.pool, None, None, None)
+                await _send((nats_url, "TF_NATS_URL"), scenario.pool, None, None, None)
                 event = await next_finished(finished, scenario.pool)
         finally:
             await bus.close()
