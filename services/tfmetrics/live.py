@@ -96,10 +96,14 @@ class LiveView:
         return list(self._usage.values())
 
     async def refresh(self) -> ClusterSnapshot:
-        """Re-read nodes, GPUs and active allocations from the ledger."""
+        """Re-read nodes, GPUs and active allocations from the ledger.
+
+        Allocations are read first: a GPU is registered before anything is placed on it, so every GPU
+        a share of the snapshot is on is in its GPUs too (read the other way round, a GPU registered and
+        filled between the two reads would be missing, and a recommendation for it would go uncapped)."""
+        allocations = await self.ledger.active_allocations()
         nodes = await self.ledger.list_nodes()
         gpus = await self.ledger.list_gpus()
-        allocations = await self.ledger.active_allocations()
         now = self.clock()
         shares = tuple(
             WorkerShare(
