@@ -3,6 +3,8 @@
 `TF_NATS_URL` / `TF_DATABASE_URL` point the tests at existing servers; when unset (CI, a fresh clone)
 the tests start their own with the same launchers `tfctl up` uses, in a temporary folder. A test that
 stops NATS (a bus outage) uses a server of its own instead: `own_nats`, and `own_nats_bus` to connect.
+`local_kubernetes` is a real Kubernetes control plane, started once per session when a test asks for it.
+`migrated_database_url` is a fresh ledger database for one test, at the newest migration.
 """
 
 from __future__ import annotations
@@ -10,14 +12,21 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
+import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
+import psycopg
 import pytest
+from sqlalchemy.engine import make_url
 from tfcommon import subjects
 from tfcommon.bus import NatsEventBus
 from tfcommon.infra import EmbeddedNats, EmbeddedPostgres
+from tfcommon.kube_local import LocalKubernetes, ensure_binaries
+from tfcommon.ledger.migrate import upgrade_head
 
 BusOf = Callable[[str], contextlib.AbstractAsyncContextManager[NatsEventBus]]
 
@@ -56,6 +65,50 @@ def postgres_server_url() -> Iterator[str]:
     finally:
         server.stop()
         shutil.rmtree(root, ignore_errors=True)
+
+
+def _conninfo(url: str) -> str:
+    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+@pytest.fixture
+def migrated_database_url(postgres_server_url: str) -> Iterator[str]:
+    """A new database on the session's Postgres at the ledger's newest migration; dropped after the test."""
+    name = f"test_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(_conninfo(postgres_server_url), autocommit=True) as connection:
+        connection.execute(f'CREATE DATABASE "{name}"')
+    url = make_url(postgres_server_url).set(database=name).render_as_string(hide_password=False)
+    upgrade_head(url)
+    try:
+        yield url
+    finally:
+        with psycopg.connect(_conninfo(postgres_server_url), autocommit=True) as connection:
+            connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(scope="session")
+def local_kubernetes(request: pytest.FixtureRequest) -> Iterator[LocalKubernetes]:
+    """etcd, kube-apiserver, kube-controller-manager, kube-scheduler and KWOK from `tools/kubernetes`
+    (built first when missing, with its progress on the terminal), our CRDs applied with kubectl."""
+    capture = request.config.pluginmanager.getplugin("capturemanager")
+    with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
+        bin_dir = ensure_binaries(lambda line: print(line, file=sys.stderr, flush=True))
+    state_dir = Path(tempfile.mkdtemp(prefix="tfpool-test-k8s-"))
+    control_plane = LocalKubernetes(state_dir=state_dir, bin_dir=bin_dir, die_with_parent=True)
+    try:
+        control_plane.start()
+        crds = Path(__file__).resolve().parents[1] / "k8s" / "base" / "crds"
+        kubectl = [str(Path(sys.executable).parent / "kubectl"), f"--kubeconfig={control_plane.kubeconfig}"]
+        subprocess.run([*kubectl, "apply", "--server-side", "-f", str(crds)], check=True, capture_output=True)
+        subprocess.run(
+            [*kubectl, "wait", "--for=condition=Established", "--timeout=60s", "-f", str(crds)],
+            check=True,
+            capture_output=True,
+        )
+        yield control_plane
+    finally:
+        control_plane.stop()
+        shutil.rmtree(state_dir, ignore_errors=True)
 
 
 @pytest.fixture

@@ -207,6 +207,12 @@ class MetricsSettings(ServiceSettings):
     refresh_interval_s: float = Field(
         default=5.0, gt=0, description="seconds between ledger reads for the metrics and the dashboard"
     )
+    history_interval_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="seconds between the pool samples the dashboard charts, kept 24 h in the ledger "
+        "(TF_HISTORY_INTERVAL_S)",
+    )
     recommendation_window_s: float = Field(
         default=86_400.0,
         gt=0,

@@ -11,6 +11,7 @@ import contextlib
 import logging
 from datetime import timedelta
 from decimal import Decimal
+from functools import partial
 
 from tfcommon import subjects
 from tfcommon.config import ConfigSource
@@ -24,23 +25,27 @@ from tfmetrics.billing_api import bill_from_ledger, bill_to_json, build_billing_
 from tfmetrics.core.billing import Bill
 from tfmetrics.core.recommendations import RecommendationPolicy
 from tfmetrics.core.series import Sample, snapshot_samples
-from tfmetrics.dashboard import build_dashboard_router
-from tfmetrics.defrag_reads import latest_campaigns
+from tfmetrics.dashboard import DashboardSources, build_dashboard_router
+from tfmetrics.defrag_reads import campaigns_since, latest_campaigns
 from tfmetrics.exporter import build_metrics_router, series_board
 from tfmetrics.handlers import count_events_handler, record_usage_handler
-from tfmetrics.live import LiveView
+from tfmetrics.live import Clock, LiveView
+from tfmetrics.pool_history import PoolHistory
 from tfmetrics.recommender import Recommender, UsageWindow, build_recommendations_router
+from tfmetrics.workload_reads import pending_workloads
 
 SERVICE = "metrics"
 
 _log = logging.getLogger("tfmetrics.app")
 
 
-async def compose(context: ServiceContext[MetricsSettings]) -> Components:
+async def compose(context: ServiceContext[MetricsSettings], clock: Clock = utc_now) -> Components:
     settings = context.settings
     setup_telemetry(context.name, settings.otlp_endpoint)
     config = ConfigSource(settings.config_file)
-    view = LiveView(context.ledger)
+    view = LiveView(context.ledger, clock=clock)
+    engine = context.ledger.engine
+    history = PoolHistory(engine, clock, timedelta(seconds=settings.history_interval_s))
     board = series_board()
     recommendations = RecommendationStore(context.ledger.engine)
     recommender = Recommender(
@@ -83,6 +88,22 @@ async def compose(context: ServiceContext[MetricsSettings]) -> Components:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(context.stopping.wait(), timeout=settings.refresh_interval_s)
 
+    async def sample_history() -> None:
+        loaded = False
+        while not context.stopping.is_set():
+            try:
+                if not loaded:
+                    await history.load()
+                    loaded = True
+                await history.record(view.snapshot)
+            except Exception as error:
+                _log.warning(
+                    "pool history not stored; retrying next refresh",
+                    extra={"event": "metrics.history_failed", "outcome": "error", "reason": str(error)},
+                )
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(context.stopping.wait(), timeout=settings.refresh_interval_s)
+
     async def recommend() -> None:
         while not context.stopping.is_set():
             with contextlib.suppress(TimeoutError):
@@ -114,12 +135,21 @@ async def compose(context: ServiceContext[MetricsSettings]) -> Components:
             build_metrics_router(),
             build_billing_router(context.ledger.engine, config.current, settings.gpu_cost_per_hour),
             build_dashboard_router(
-                view, bill_for_window, bill_to_json, lambda: latest_campaigns(context.ledger.engine)
+                view,
+                DashboardSources(
+                    bill_for_window=bill_for_window,
+                    bill_to_json=bill_to_json,
+                    history=history,
+                    campaigns=lambda: latest_campaigns(engine),
+                    campaigns_since=lambda start: campaigns_since(engine, start),
+                    pending=lambda: pending_workloads(engine),
+                ),
             ),
             build_recommendations_router(recommendations, config.current),
         ],
         tasks={
             "refresh-ledger": refresh_ledger,
+            "sample-history": sample_history,
             "recommend": recommend,
             "record-usage": lambda: run_pull_consumer(
                 context.bus.js,
@@ -141,9 +171,11 @@ async def compose(context: ServiceContext[MetricsSettings]) -> Components:
     )
 
 
-def build(settings: MetricsSettings) -> ServiceSpec[MetricsSettings]:
-    """The metrics service as the runtime runs it."""
-    return ServiceSpec(name=SERVICE, settings=settings, port=settings.port, compose=compose)
+def build(settings: MetricsSettings, clock: Clock = utc_now) -> ServiceSpec[MetricsSettings]:
+    """The metrics service as the runtime runs it; `clock` times the snapshots and the pool history."""
+    return ServiceSpec(
+        name=SERVICE, settings=settings, port=settings.port, compose=partial(compose, clock=clock)
+    )
 
 
 def main() -> int:

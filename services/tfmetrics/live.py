@@ -1,8 +1,9 @@
 """The metrics service's live view: the latest ledger snapshot and the agents' latest usage samples.
 
-`LiveView.refresh()` reads the ledger (read-only) into a `ClusterSnapshot`; the usage consumer calls
-`record_usage`. Usage samples older than three of their reporting intervals are dropped, so a node that
-stopped reporting stops showing usage. Nothing here is needed for correctness after a restart: the
+`LiveView.refresh()` reads the ledger (read-only) into a `ClusterSnapshot`, nodes with the operator's
+flags (cordon, `tensor-fusion.ai/do-not-disrupt`); the usage consumer calls `record_usage`. Usage
+samples older than three of their reporting intervals are dropped, so a node that stopped reporting
+stops showing usage. Nothing here is needed for correctness after a restart: the
 ledger is re-read and agents report again.
 """
 
@@ -25,6 +26,8 @@ from tfmetrics.core.series import (
 )
 
 STALE_AFTER_INTERVALS = 3
+DO_NOT_DISRUPT_LABEL = "tensor-fusion.ai/do-not-disrupt"
+"""The operator's node label (`tfctl label node`) that keeps the defrag planner off the node."""
 Clock = Callable[[], datetime]
 
 
@@ -125,7 +128,17 @@ class LiveView:
         usage = self._fresh_usage(now)
         self.snapshot = ClusterSnapshot(
             now=now,
-            nodes=tuple(NodeState(n.name, n.pool, n.ready, n.last_heartbeat_at) for n in nodes),
+            nodes=tuple(
+                NodeState(
+                    name=n.name,
+                    pool=n.pool,
+                    ready=n.ready,
+                    last_heartbeat_at=n.last_heartbeat_at,
+                    cordoned=n.cordoned,
+                    do_not_disrupt=n.labels.get(DO_NOT_DISRUPT_LABEL) == "true",
+                )
+                for n in nodes
+            ),
             gpus=tuple(
                 GpuState(
                     uuid=g.uuid,

@@ -70,10 +70,14 @@ SERIES: dict[str, str] = {
 
 @dataclass(frozen=True)
 class NodeState:
+    """A node as the ledger has it; `cordoned` and `do_not_disrupt` are the operator's flags."""
+
     name: str
     pool: str
     ready: bool
     last_heartbeat_at: datetime | None
+    cordoned: bool = False
+    do_not_disrupt: bool = False
 
 
 @dataclass(frozen=True)
