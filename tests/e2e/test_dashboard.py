@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import json
 import math
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -308,6 +309,10 @@ async def test_the_dashboard_shows_the_gpus_history_health_and_pending_work_and_
             assert "7 whole idle" in await page.locator('[data-pool="default"]').inner_text()
             await page.locator("#billing-groups td", has_text="team-a").wait_for(timeout=15_000)
             assert "vs dedicated GPUs $" in await page.locator("#billing-total").inner_text()
+            team_a_bill = (
+                await page.locator("#billing-groups tr", has_text="team-a").locator("td").all_inner_texts()
+            )
+            assert all(re.fullmatch(r"-?\d+\.\d{2}", amount) for amount in team_a_bill[1:4]), team_a_bill
 
             allocation_now = history.locator('svg[data-chart="allocation"] + .chart-legend')
             await page.wait_for_function(
