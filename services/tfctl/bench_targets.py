@@ -120,7 +120,7 @@ def run_defrag(
     seed: int = 42,
     progress: Progress | None = None,
 ) -> dict[str, Any]:
-    """One defrag campaign on the filled trace cluster against the CP-SAT bound."""
+    """Defrag campaigns on the filled trace cluster against the global CP-SAT bound (`tfctl sim defrag`)."""
     from tfctl.commands.sim_defrag import BOUND_TIME_LIMIT_S, defrag_benchmark
 
     if not 0 < fill <= 1:

@@ -2,7 +2,7 @@
 
 Targets: `scheduler` (placements/s and latency over real NATS and Postgres), `webhook` (admission over
 HTTPS against a bare endpoint), `placement` (allocation on the openb trace per policy, and one
-placement's latency), `defrag` (one campaign against a CP-SAT bound), `ledger` (reservations/s against
+placement's latency), `defrag` (campaigns against the global CP-SAT bound), `ledger` (reservations/s against
 a bare INSERT), `outbox` (events/s through the outbox relay against a bare `js.publish`) and `faults`
 (registered by `bench_faults.py`). Postgres and NATS are embedded ones unless `TF_DATABASE_URL` /
 `TF_NATS_URL` are set; a scratch database is created and dropped on the server either way.
@@ -447,7 +447,8 @@ def _register_defrag(targets: argparse._SubParsersAction[argparse.ArgumentParser
     _add_target(
         targets,
         "defrag",
-        "nodes freed, moves, stranded pods and PDB violations of one campaign, against a CP-SAT bound",
+        "nodes freed, moves, stranded pods and PDB violations of defrag campaigns, against the global "
+        "CP-SAT bound (any node drained, each pod wherever it fits)",
         defaults,
         run,
         options,

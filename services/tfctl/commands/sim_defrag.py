@@ -1,12 +1,23 @@
-"""`tfctl sim defrag`: fill an openb cluster, let pods depart, run one campaign, compare with a bound.
+"""`tfctl sim defrag`: fill an openb cluster, let pods depart, run defrag campaigns, compare them with
+the most nodes any campaign could free.
 
 Protocol: place shuffled GPU pods (seeded) with the default policy until `fill` x GPU capacity is
-requested; remove a random `depart` share of the placed pods; plan one campaign with the planner core
-(no time limit, default threshold) and execute it move by move: a replacement takes its planned
+requested; remove a random `depart` share of the placed pods. The pods left form apps: pods of one
+request shape in placement order, a seeded `APP_SIZES` of them per app. Two budget settings:
+
+- `apps` (the headline): one PodDisruptionBudget per app allowing one disruption at a time
+  (maxUnavailable 1), so budgets allow fewer disruptions than the app has pods; a seeded
+  `DEGRADED_APPS` share of the apps has a replica not ready and allows none;
+- `per_pod`: one budget per pod allowing one disruption (the protocol before the apps).
+
+For each, one campaign is planned with the planner core at the default threshold and one with every
+node a candidate (threshold 100), and each is executed move by move: a replacement takes its planned
 target if it still fits there, else the default policy over the nodes not being drained; one that
-fits nowhere is stranded. Every pod has a budget allowing one disruption, given back once its
-replacement runs. `bound_nodes_freed` comes from a CP-SAT model (OR-Tools) of the same candidates
-with capacity aggregated per GPU model: a relaxation, so it is an upper bound on any plan.
+fits nowhere is stranded. The executor keeps every budget's count: an eviction takes one disruption
+from each budget covering the pod, a replacement that runs gives it back, and an eviction that a
+budget has none left for is a PDB violation (the Eviction API would refuse it). Then
+`tfdefrag.core.bound.global_bound` bounds the nodes any campaign could free under the same rules
+(`bound_kind: "global"`), its search started from the threshold-100 plan.
 `defrag_benchmark(...)` is what `make bench` calls. Registered under `tfctl sim` next to `sim replay`.
 """
 
@@ -18,62 +29,135 @@ import random
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from tfcommon.cluster.model import LabelRequirement, LabelSelector, PodDisruptionBudget
+from tfcommon.cluster.model import LabelSelector, PodDisruptionBudget
 from tfcommon.placement import (
     DEFAULT_POLICY,
     ClusterView,
+    Node,
     Placement,
     PlacementRequest,
     PluginArgs,
+    Profile,
     place,
     policy,
 )
 from tfcommon.placement.model import WHOLE_GPU_SHARE
+from tfdefrag.core.bound import DefragBound, global_bound
 from tfdefrag.core.config import DefragConfig
-from tfdefrag.core.planner import PoolNode, PoolSnapshot, Worker, gpus_in_use, plan_defrag
+from tfdefrag.core.planner import (
+    BudgetIndex,
+    DefragPlan,
+    PoolNode,
+    PoolSnapshot,
+    Worker,
+    gpus_in_use,
+    plan_defrag,
+)
 
 from tfctl.simulation import TraceError, TracePod, build_nodes, read_nodes, read_pods, to_request
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
-BOUND_TIME_LIMIT_S = 20.0
+BOUND_TIME_LIMIT_S = 15.0
+APP_SIZES = (2, 8)
+"""Fewest and most pods per app (drawn uniformly per app)."""
+DEGRADED_APPS = 0.1
+"""Share of apps whose budget allows no disruption (a replica not ready)."""
+ANY_NODE_THRESHOLD = 100
+NAMESPACE = "bench"
+BUDGET_SETTINGS = ("apps", "per_pod")
+
+
+@dataclass(frozen=True)
+class FilledCluster:
+    """The cluster after the fill and the departures: its nodes, the pods on them in placement order
+    (name -> request and placement), their apps, the degraded apps, and the policy that placed them."""
+
+    nodes: tuple[Node, ...]
+    placed: dict[str, tuple[PlacementRequest, Placement]]
+    apps: dict[str, str]
+    degraded: frozenset[str]
+    profile: Profile
+
+
+@dataclass(frozen=True)
+class CampaignResult:
+    """One plan executed move by move."""
+
+    threshold_percent: int
+    nodes_freed: int
+    moves: int
+    stranded_pods: int
+    pdb_violations: int
+    plan_seconds: float
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "threshold_percent": self.threshold_percent,
+            "nodes_freed": self.nodes_freed,
+            "moves": self.moves,
+            "stranded_pods": self.stranded_pods,
+            "pdb_violations": self.pdb_violations,
+            "plan_seconds": round(self.plan_seconds, 2),
+        }
+
+
+@dataclass(frozen=True)
+class ScenarioResult:
+    """One budget setting: the campaign at the default threshold, with every node a candidate, and
+    the global bound."""
+
+    budgets: str
+    default: CampaignResult
+    any_node: CampaignResult
+    bound: DefragBound
+
+    def as_json(self) -> dict[str, Any]:
+        bound = self.bound
+        return {
+            "budgets": self.budgets,
+            **self.default.as_json(),
+            "any_node": self.any_node.as_json(),
+            "bound_kind": "global",
+            "global_bound_nodes_freed": bound.nodes_freed_bound,
+            "bound_best_nodes_freed": bound.best_nodes_freed,
+            "bound_best_pods_moved": bound.best_pods_moved,
+            "bound_gap": round(bound.gap, 4),
+            "bound_optimal": bound.optimal,
+            "bound_seconds": round(bound.seconds, 2),
+            "drainable_nodes": bound.drainable,
+            "freed_share_of_bound": _share(self.default.nodes_freed, bound.nodes_freed_bound),
+            "any_node_freed_share_of_bound": _share(self.any_node.nodes_freed, bound.nodes_freed_bound),
+        }
 
 
 @dataclass(frozen=True)
 class DefragBenchResult:
-    """What one run measured; `moves_per_bound_pod` = moves / pods the best bound plan had to move."""
+    """What one run measured: per budget setting (`BUDGET_SETTINGS`), a `ScenarioResult`."""
 
     seed: int
     nodes_in_use: int
-    nodes_freed: int
-    bound_nodes_freed: int
-    bound_optimal: bool
-    moves: int
-    bound_pods_moved: int
-    stranded_pods: int
-    pdb_violations: int
+    pods: int
+    apps: int
+    degraded_apps: int
+    scenarios: dict[str, ScenarioResult]
     seconds: float
 
     def as_json(self) -> dict[str, Any]:
-        ratio = self.moves / self.bound_pods_moved if self.bound_pods_moved else None
+        """The `apps` setting's figures at the top level, the other settings under their name."""
+        headline, *others = self.scenarios.values()
         return {
             "seed": self.seed,
             "nodes_in_use": self.nodes_in_use,
-            "nodes_freed": self.nodes_freed,
-            "bound_nodes_freed": self.bound_nodes_freed,
-            "bound_optimal": self.bound_optimal,
-            "freed_share_of_bound": (
-                round(self.nodes_freed / self.bound_nodes_freed, 4) if self.bound_nodes_freed else None
-            ),
-            "moves": self.moves,
-            "bound_pods_moved": self.bound_pods_moved,
-            "moves_per_bound_pod": round(ratio, 4) if ratio is not None else None,
-            "stranded_pods": self.stranded_pods,
-            "pdb_violations": self.pdb_violations,
+            "pods": self.pods,
+            "apps": self.apps,
+            "degraded_apps": self.degraded_apps,
+            **headline.as_json(),
+            **{scenario.budgets: scenario.as_json() for scenario in others},
             "seconds": round(self.seconds, 2),
         }
 
@@ -92,7 +176,7 @@ def register_sim_defrag(commands: Any) -> None:
     """Add `defrag` under `tfctl sim` (called from `tfctl sim`'s registration)."""
     parser = commands.add_parser(
         "defrag",
-        help="fill an openb cluster, let pods depart, run one defrag campaign, compare with a bound",
+        help="fill an openb cluster, let pods depart, run defrag campaigns, compare with the global bound",
     )
     parser.add_argument(
         "--nodes", type=Path, required=True, help="node list CSV (sn,cpu_milli,memory_mib,gpu,model)"
@@ -100,7 +184,13 @@ def register_sim_defrag(commands: Any) -> None:
     parser.add_argument("--pods", type=Path, required=True, help="pod list CSV (openb_pod_list_*.csv)")
     parser.add_argument("--fill", type=float, default=0.9, help="share of GPU capacity to request (0..1]")
     parser.add_argument("--depart", type=float, default=0.3, help="share of placed pods that leave [0..1)")
-    parser.add_argument("--seed", type=int, default=42, help="seed of the shuffle and the departures")
+    parser.add_argument("--seed", type=int, default=42, help="seed of the shuffle, departures and apps")
+    parser.add_argument(
+        "--bound-time-limit",
+        type=float,
+        default=BOUND_TIME_LIMIT_S,
+        help=f"seconds CP-SAT may search per budget setting ({BOUND_TIME_LIMIT_S:g})",
+    )
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.set_defaults(handler=handle_sim_defrag)
 
@@ -112,8 +202,21 @@ def handle_sim_defrag(args: argparse.Namespace) -> int:
     if not 0 <= args.depart < 1:
         print(f"--depart is {args.depart}; use a share of pods in [0, 1), e.g. 0.3", file=sys.stderr)
         return 2
+    if not args.bound_time_limit > 0:
+        print(
+            f"--bound-time-limit is {args.bound_time_limit}; use a number of seconds > 0, e.g. 15",
+            file=sys.stderr,
+        )
+        return 2
     try:
-        result = defrag_benchmark(args.nodes, args.pods, fill=args.fill, depart=args.depart, seed=args.seed)
+        result = defrag_benchmark(
+            args.nodes,
+            args.pods,
+            fill=args.fill,
+            depart=args.depart,
+            seed=args.seed,
+            bound_time_limit_s=args.bound_time_limit,
+        )
     except TraceError as error:
         print(str(error), file=sys.stderr)
         return 2
@@ -121,9 +224,16 @@ def handle_sim_defrag(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(document, indent=2))
     else:
-        for key, value in document.items():
-            print(f"{key:>22}: {value}")
+        _print_flat(document)
     return 0
+
+
+def _print_flat(document: dict[str, Any], prefix: str = "") -> None:
+    for key, value in document.items():
+        if isinstance(value, dict):
+            _print_flat(value, f"{prefix}{key}.")
+        else:
+            print(f"{prefix + key:>40}: {value}")
 
 
 def defrag_benchmark(
@@ -136,9 +246,35 @@ def defrag_benchmark(
     bound_time_limit_s: float = BOUND_TIME_LIMIT_S,
 ) -> DefragBenchResult:
     """One benchmark run (see the module docstring); raises `TraceError` for unreadable traces."""
+    started = time.perf_counter()
+    filled = fill_cluster(nodes_csv, pods_csv, fill=fill, depart=depart, seed=seed)
+    config = DefragConfig(enabled=True, timezone="UTC", max_duration=timedelta(0))
+    scenarios = {}
+    for budgets in BUDGET_SETTINGS:
+        snapshot = snapshot_of(filled, budgets)
+        _plan, default = run_campaign(filled, snapshot, config)
+        hint, any_node = run_campaign(
+            filled, snapshot, replace(config, utilization_threshold_percent=ANY_NODE_THRESHOLD)
+        )
+        bound = global_bound(snapshot, config, NOW, time_limit_s=bound_time_limit_s, hint=hint)
+        scenarios[budgets] = ScenarioResult(budgets, default, any_node, bound)
+    return DefragBenchResult(
+        seed=seed,
+        nodes_in_use=sum(1 for node in filled.nodes if gpus_in_use(node)),
+        pods=len(filled.placed),
+        apps=len(set(filled.apps.values())),
+        degraded_apps=len(filled.degraded),
+        scenarios=scenarios,
+        seconds=time.perf_counter() - started,
+    )
+
+
+def fill_cluster(nodes_csv: Path, pods_csv: Path, *, fill: float, depart: float, seed: int) -> FilledCluster:
+    """The protocol's cluster: filled, departed, its pods grouped into apps (module docstring)."""
     trace_nodes = read_nodes(nodes_csv)
     pods = [pod for pod in read_pods(pods_csv) if pod.gpu_demand]
-    started = time.perf_counter()
+    if not pods:
+        raise TraceError(f"{pods_csv}: no GPU pods; give a pod list with num_gpu > 0 rows")
     nodes = build_nodes(trace_nodes, seed)
     args = PluginArgs.learned_from(
         (to_request(pod) for pod in pods),
@@ -152,27 +288,14 @@ def defrag_benchmark(
     rng = random.Random(f"depart/{seed}")
     for name in rng.sample(sorted(placed), int(depart * len(placed))):
         view.release(placed.pop(name)[1])
-    snapshot = _snapshot(view, placed)
-    config = DefragConfig(enabled=True, timezone="UTC", max_duration=timedelta(0))
-    plan = plan_defrag(snapshot, config, NOW)
-    stranded, moves, violations, freed = _execute(view, plan, placed, profile)
-    bound, optimal, bound_moved = pod_bound(snapshot, config, bound_time_limit_s)
-    return DefragBenchResult(
-        seed=seed,
-        nodes_in_use=sum(1 for node in snapshot.nodes if gpus_in_use(node.node)),
-        nodes_freed=freed,
-        bound_nodes_freed=bound,
-        bound_optimal=optimal,
-        moves=moves,
-        bound_pods_moved=bound_moved,
-        stranded_pods=stranded,
-        pdb_violations=violations,
-        seconds=time.perf_counter() - started,
-    )
+    apps = _apps(placed, random.Random(f"apps/{seed}"))
+    names = sorted(set(apps.values()))
+    degraded = frozenset(random.Random(f"degraded/{seed}").sample(names, round(DEGRADED_APPS * len(names))))
+    return FilledCluster(tuple(view.nodes.values()), placed, apps, degraded, profile)
 
 
 def _fill(
-    view: ClusterView, pods: Sequence[TracePod], profile: Any, fill: float, seed: int
+    view: ClusterView, pods: Sequence[TracePod], profile: Profile, fill: float, seed: int
 ) -> dict[str, tuple[PlacementRequest, Placement]]:
     capacity = WHOLE_GPU_SHARE * sum(len(node.gpus) for node in view.nodes.values())
     rng = random.Random(seed)
@@ -193,111 +316,113 @@ def _fill(
     return placed
 
 
-def _snapshot(view: ClusterView, placed: dict[str, tuple[PlacementRequest, Placement]]) -> PoolSnapshot:
+def _apps(placed: dict[str, tuple[PlacementRequest, Placement]], rng: random.Random) -> dict[str, str]:
+    """Pod name -> app: pods of one request shape in placement order, a drawn `APP_SIZES` per app."""
+    apps: dict[str, str] = {}
+    open_apps: dict[tuple[object, ...], tuple[str, int]] = {}
+    count = 0
+    for name, (request, _placement) in placed.items():
+        app, room = open_apps.get(request.key, ("", 0))
+        if room == 0:
+            count += 1
+            app, room = f"app-{count}", rng.randint(*APP_SIZES)
+        apps[name] = app
+        open_apps[request.key] = (app, room - 1)
+    return apps
+
+
+def snapshot_of(filled: FilledCluster, budgets: str) -> PoolSnapshot:
+    """The planner's view of `filled` with the budgets of one setting (`BUDGET_SETTINGS`)."""
+    if budgets not in BUDGET_SETTINGS:
+        raise ValueError(f"budgets is {budgets!r}; use one of {', '.join(BUDGET_SETTINGS)}")
     workers = tuple(
         Worker(
-            namespace="bench",
+            namespace=NAMESPACE,
             name=name,
             node=placement.node,
             request=request,
             uid=name,
-            labels={"app": name},
+            labels={"app": filled.apps[name], "pod": name},
             created_at=NOW - timedelta(days=1),
         )
-        for name, (request, placement) in sorted(placed.items())
+        for name, (request, placement) in sorted(filled.placed.items())
     )
+    if budgets == "apps":
+        pdbs = tuple(
+            _budget(app, "app", 0 if app in filled.degraded else 1)
+            for app in sorted(set(filled.apps.values()))
+        )
+    else:
+        pdbs = tuple(_budget(name, "pod", 1) for name in sorted(filled.placed))
     return PoolSnapshot(
         pool="default",
-        nodes=tuple(PoolNode(node=node) for node in view.nodes.values()),
+        nodes=tuple(PoolNode(node=node) for node in filled.nodes),
         workers=workers,
-        budgets=(
-            PodDisruptionBudget(
-                namespace="bench",
-                name="every-workload",
-                selector=LabelSelector(match_expressions=(LabelRequirement("app", "Exists"),)),
-                disruptions_allowed=1,
-            ),
-        ),
+        budgets=pdbs,
     )
 
 
-def _execute(
-    view: ClusterView, plan: Any, placed: dict[str, tuple[PlacementRequest, Placement]], profile: Any
-) -> tuple[int, int, int, int]:
-    """Run the plan move by move; returns (stranded, moves, pdb violations, nodes freed)."""
+def _budget(selected: str, label: str, allowed: int) -> PodDisruptionBudget:
+    return PodDisruptionBudget(
+        namespace=NAMESPACE,
+        name=f"{label}-{selected}",
+        selector=LabelSelector(match_labels={label: selected}),
+        disruptions_allowed=allowed,
+    )
+
+
+def run_campaign(
+    filled: FilledCluster, snapshot: PoolSnapshot, config: DefragConfig
+) -> tuple[DefragPlan, CampaignResult]:
+    """Plan one campaign over `snapshot` with the planner core and execute it over a copy of `filled`."""
+    started = time.perf_counter()
+    plan = plan_defrag(snapshot, config, NOW)
+    seconds = time.perf_counter() - started
+    return plan, execute(filled, snapshot, plan, config.utilization_threshold_percent, seconds)
+
+
+def execute(
+    filled: FilledCluster,
+    snapshot: PoolSnapshot,
+    plan: DefragPlan,
+    threshold_percent: int,
+    plan_seconds: float = 0.0,
+) -> CampaignResult:
+    """Execute `plan` move by move over a copy of `filled`, counting disruptions against the budgets
+    of `snapshot` (module docstring)."""
+    view = ClusterView(filled.nodes)
+    placed = dict(filled.placed)
+    budgets = BudgetIndex(snapshot.budgets)
+    workers = {worker.name: worker for worker in snapshot.workers}
+    left = {(budget.namespace, budget.name): budget.disruptions_allowed for budget in snapshot.budgets}
+    draining = {drain.node for drain in plan.drains}
     stranded = moves = violations = freed = 0
-    allowed = dict.fromkeys(placed, 1)
     for drain in plan.drains:
-        draining = {d.node for d in plan.drains}
         for move in drain.moves:
             request, old = placed[move.name]
-            if allowed[move.name] <= 0:
+            covering = [(budget.namespace, budget.name) for budget in budgets.covering(workers[move.name])]
+            if any(left[key] <= 0 for key in covering):
                 violations += 1
-            allowed[move.name] -= 1
+            for key in covering:
+                left[key] -= 1
             view.release(old)
             moves += 1
-            target = view.nodes[move.to_node]
-            outcome = place(request, [target], profile)
+            outcome = place(request, [view.nodes[move.to_node]], filled.profile)
             if not isinstance(outcome, Placement):
                 others = [node for name, node in view.nodes.items() if name not in draining]
-                outcome = place(request, others, profile)
+                outcome = place(request, others, filled.profile)
             if isinstance(outcome, Placement):
                 view.apply(outcome)
                 placed[move.name] = (request, outcome)
-                allowed[move.name] += 1
+                for key in covering:
+                    left[key] += 1
             else:
                 stranded += 1
                 del placed[move.name]
         if not gpus_in_use(view.nodes[drain.node]):
             freed += 1
-    return stranded, moves, violations, freed
+    return CampaignResult(threshold_percent, freed, moves, stranded, violations, plan_seconds)
 
 
-def pod_bound(snapshot: PoolSnapshot, config: DefragConfig, time_limit_s: float) -> tuple[int, bool, int]:
-    """Upper bound on the nodes any plan could free, from CP-SAT: (bound, proven optimal, pods moved
-    by the best solution found). Candidates follow the planner's threshold; capacity is relaxed to
-    free GPU shares per GPU model (and idle GPUs for whole-GPU pods) on in-use nodes not freed."""
-    from ortools.sat.python import cp_model
-
-    in_use = [n.node for n in snapshot.nodes if gpus_in_use(n.node)]
-    threshold = config.utilization_threshold_percent
-    candidates = [n for n in in_use if gpus_in_use(n) * 100 <= threshold * len(n.gpus)]
-    workers_by_node: dict[str, list[Worker]] = {}
-    for worker in snapshot.workers:
-        workers_by_node.setdefault(worker.node, []).append(worker)
-    models = sorted({gpu.model for node in in_use for gpu in node.gpus})
-    model = cp_model.CpModel()
-    free = {node.name: model.new_bool_var(f"free[{node.name}]") for node in candidates}
-    demand_into: dict[str, list[Any]] = {m: [] for m in models}
-    whole_into: dict[str, list[Any]] = {m: [] for m in models}
-    for node in candidates:
-        for worker in workers_by_node.get(node.name, []):
-            request = worker.request
-            allowed = [m for m in models if not request.gpu_models or m in request.gpu_models]
-            choices = [model.new_bool_var(f"{worker.name}->{m}") for m in allowed]
-            model.add(sum(choices) == free[node.name])
-            share = request.gpu_share or WHOLE_GPU_SHARE
-            for choice, m in zip(choices, allowed, strict=True):
-                demand_into[m].append(request.gpu_count * share * choice)
-                if share == WHOLE_GPU_SHARE:
-                    whole_into[m].append(request.gpu_count * choice)
-    for m in models:
-        room = []
-        idle = []
-        for node in in_use:
-            share = sum(g.free_share for g in node.gpus if g.model == m)
-            idle_gpus = sum(1 for g in node.gpus if g.model == m and g.free_share == WHOLE_GPU_SHARE)
-            keep = 1 - free[node.name] if node.name in free else 1
-            room.append(share * keep)
-            idle.append(idle_gpus * keep)
-        model.add(sum(demand_into[m]) <= sum(room))
-        model.add(sum(whole_into[m]) <= sum(idle))
-    model.maximize(sum(free.values()))
-    solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = time_limit_s
-    solver.parameters.num_workers = 2
-    status = solver.solve(model)
-    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        return len(candidates), False, sum(len(workers_by_node.get(n.name, [])) for n in candidates)
-    moved = sum(len(workers_by_node.get(name, [])) for name, var in free.items() if solver.value(var))
-    return int(solver.best_objective_bound), status == cp_model.OPTIMAL, moved
+def _share(part: int, whole: int) -> float | None:
+    return round(part / whole, 4) if whole else None

@@ -1,10 +1,11 @@
 """The defrag plan: which nodes to drain, where each workload goes, and why every other node stays.
 
 `plan_defrag(snapshot, config, now)` applies every skip rule (each with its recorded reason), orders
-candidates emptiest first, and simulates each drain jointly with the placement core: every workload
-on the node must fit on nodes that are already in use and at least as utilized, never on empty
-nodes, the node itself, or nodes being drained, with every placement filter respected. Accepted
-drains change the simulated cluster, so later candidates see the moves planned before them.
+candidates smallest first (`drain_order`), and simulates each drain jointly with the placement core:
+every workload on the node must fit on nodes that are in use, never on empty nodes, the node itself,
+or nodes being drained, with every placement filter respected. Nodes that stay anyway are tried
+before candidates still to come, which lose their own drain when they receive. Accepted drains change
+the simulated cluster, so later candidates see the moves planned before them.
 Pure: the shell builds the snapshot from the ledger and the cluster; `now` is an argument.
 """
 
@@ -17,7 +18,17 @@ from datetime import datetime
 from typing import Any
 
 from tfcommon.cluster.model import PodDisruptionBudget
-from tfcommon.placement import ClusterView, Node, Placement, PlacementRequest, Profile, place, policy
+from tfcommon.placement import (
+    ClusterView,
+    Node,
+    Placement,
+    PlacementRequest,
+    Profile,
+    Rejection,
+    place,
+    policy,
+)
+from tfcommon.placement.model import WHOLE_GPU_SHARE
 
 from tfdefrag.core import markers
 from tfdefrag.core.config import DefragConfig
@@ -178,21 +189,56 @@ def gpus_in_use(node: Node) -> int:
     return sum(1 for gpu in node.gpus if not gpu.is_idle)
 
 
-def _at_least_as_utilized(target: Node, source: Node) -> bool:
-    return gpus_in_use(target) * len(source.gpus) >= gpus_in_use(source) * len(target.gpus)
+def used_thousandths(node: Node) -> int:
+    """GPU share reserved on the node, in thousandths of a card summed over its GPUs."""
+    return sum(WHOLE_GPU_SHARE - gpu.free_share for gpu in node.gpus)
+
+
+def drain_order(node: Node) -> tuple[int, int, str]:
+    """Candidates go smallest first: fewest GPUs, then least share in use, then by name. Freeing a
+    node takes its pods' room elsewhere and its own free room away; small nodes cost least of both."""
+    return (len(node.gpus), used_thousandths(node), node.name)
 
 
 def _percent(node: Node) -> int:
     return gpus_in_use(node) * 100 // len(node.gpus) if node.gpus else 0
 
 
+class BudgetIndex:
+    """The disruption budgets of a snapshot, found by the labels they select: `covering(worker)` lists
+    those with a non-empty selector that match the worker, without scanning every budget."""
+
+    def __init__(self, budgets: Iterable[PodDisruptionBudget]) -> None:
+        self._by_label: dict[tuple[str, str, str], list[PodDisruptionBudget]] = {}
+        self._scanned: list[PodDisruptionBudget] = []
+        for budget in budgets:
+            selector = budget.selector
+            if selector is None or selector.is_empty:
+                continue
+            if selector.match_labels:
+                first = min(selector.match_labels.items())
+                self._by_label.setdefault((budget.namespace, *first), []).append(budget)
+            else:
+                self._scanned.append(budget)
+
+    def covering(self, worker: Worker) -> list[PodDisruptionBudget]:
+        found = [
+            budget
+            for label in worker.labels.items()
+            for budget in self._by_label.get((worker.namespace, *label), ())
+            if _covers(budget, worker)
+        ]
+        return found + [budget for budget in self._scanned if _covers(budget, worker)]
+
+
 def _rule_skip(
     pool_node: PoolNode,
     workers: list[Worker],
-    snapshot: PoolSnapshot,
+    budgets: BudgetIndex,
     config: DefragConfig,
     now: datetime,
     failed: Mapping[str, str],
+    pool: str,
 ) -> NodeSkip | None:
     name = pool_node.name
     node = pool_node.node
@@ -215,7 +261,7 @@ def _rule_skip(
     if name in failed:
         return skip(SkipReason.EARLIER_FAILURE, f"an earlier attempt in this campaign failed: {failed[name]}")
     if markers.is_marked(pool_node.labels, markers.EVICT_SKIP) and (
-        pool_node.annotations.get(markers.EVICT_SKIP_POOL, snapshot.pool) == snapshot.pool
+        pool_node.annotations.get(markers.EVICT_SKIP_POOL, pool) == pool
     ):
         reason = pool_node.annotations.get(markers.EVICT_SKIP_REASON, "no reason recorded")
         return skip(SkipReason.EARLIER_FAILURE, f"an earlier eviction failed: {reason}")
@@ -242,7 +288,7 @@ def _rule_skip(
                 f"worker {worker.key} is younger than maxDuration ({config.max_duration})",
             )
     for worker in workers:
-        covering = [budget for budget in snapshot.budgets if _covers(budget, worker)]
+        covering = budgets.covering(worker)
         if not covering:
             return skip(
                 SkipReason.MISSING_PDB,
@@ -274,6 +320,49 @@ def _demand(worker: Worker) -> int:
     return request.gpu_count * per_gpu
 
 
+def excluded_targets(snapshot: PoolSnapshot, draining: Iterable[str] = ()) -> set[str]:
+    """Nodes that never receive a move: being drained (or marked a defrag source), marked for
+    deletion, cordoned, being deleted or not ready."""
+    return set(draining) | {
+        pool_node.name
+        for pool_node in snapshot.nodes
+        if markers.is_marked(pool_node.labels, markers.DEFRAG_SOURCE)
+        or markers.is_marked(pool_node.labels, markers.SHOULD_DELETE)
+        or pool_node.cordoned
+        or pool_node.deleting
+        or not pool_node.ready
+    }
+
+
+def classify_nodes(
+    snapshot: PoolSnapshot,
+    config: DefragConfig,
+    now: datetime,
+    *,
+    failed: Mapping[str, str] | None = None,
+    draining: Iterable[str] = (),
+) -> tuple[list[PoolNode], list[NodeSkip]]:
+    """The nodes every skip rule lets through (in `drain_order`), and the others with their reason."""
+    failed = failed or {}
+    draining = set(draining)
+    workers_by_node = _workers_by_node(snapshot)
+    budgets = BudgetIndex(snapshot.budgets)
+    skipped: list[NodeSkip] = []
+    candidates: list[PoolNode] = []
+    for pool_node in sorted(snapshot.nodes, key=lambda n: n.name):
+        if pool_node.name in draining or markers.is_marked(pool_node.labels, markers.DEFRAG_SOURCE):
+            skipped.append(NodeSkip(pool_node.name, SkipReason.BEING_DRAINED, "the node is being drained"))
+            continue
+        workers = workers_by_node.get(pool_node.name, [])
+        rule = _rule_skip(pool_node, workers, budgets, config, now, failed, snapshot.pool)
+        if rule is None:
+            candidates.append(pool_node)
+        else:
+            skipped.append(rule)
+    candidates.sort(key=lambda n: drain_order(n.node))
+    return candidates, skipped
+
+
 def plan_defrag(
     snapshot: PoolSnapshot,
     config: DefragConfig,
@@ -286,45 +375,23 @@ def plan_defrag(
 ) -> DefragPlan:
     """Plan one campaign over `snapshot`.
 
-    `failed` maps nodes that failed earlier in this campaign to the reason; `draining` names nodes
-    already being drained (never targets). `max_drains` stops after that many accepted drains (the
-    executor plans one node at a time); the rest of the candidates are then not reported.
+    Candidates are simulated in `drain_order`. A drain's pods go first to nodes that stay whatever
+    the campaign does (in use and not candidates, or candidates that could not be drained or already
+    receive), and only when those have no room to candidates still to come, which then receive and
+    are not drained themselves. `failed` maps nodes that failed earlier in this campaign to the
+    reason; `draining` names nodes already being drained (never targets). `max_drains` stops after
+    that many accepted drains (the executor plans one node at a time); the rest of the candidates
+    are then not reported.
     """
-    failed = failed or {}
-    draining = set(draining)
     profile = profile or policy(DEFAULT_SIMULATION_POLICY)
-    workers_by_node: dict[str, list[Worker]] = {}
-    for worker in snapshot.workers:
-        workers_by_node.setdefault(worker.node, []).append(worker)
-    state: dict[str, Node] = {pool_node.name: pool_node.node for pool_node in snapshot.nodes}
-    by_name = {pool_node.name: pool_node for pool_node in snapshot.nodes}
-    excluded = draining | {
-        pool_node.name
-        for pool_node in snapshot.nodes
-        if markers.is_marked(pool_node.labels, markers.DEFRAG_SOURCE)
-        or markers.is_marked(pool_node.labels, markers.SHOULD_DELETE)
-        or pool_node.cordoned
-        or pool_node.deleting
-        or not pool_node.ready
-    }
-    skipped: list[NodeSkip] = []
-    candidates: list[PoolNode] = []
-    for pool_node in sorted(snapshot.nodes, key=lambda n: n.name):
-        if pool_node.name in draining or markers.is_marked(pool_node.labels, markers.DEFRAG_SOURCE):
-            skipped.append(NodeSkip(pool_node.name, SkipReason.BEING_DRAINED, "the node is being drained"))
-            continue
-        rule = _rule_skip(pool_node, workers_by_node.get(pool_node.name, []), snapshot, config, now, failed)
-        if rule is None:
-            candidates.append(pool_node)
-        else:
-            skipped.append(rule)
-    candidates.sort(key=lambda n: (gpus_in_use(n.node) / len(n.node.gpus), n.name))
+    candidates, skipped = classify_nodes(snapshot, config, now, failed=failed, draining=draining)
+    workers_by_node = _workers_by_node(snapshot)
+    targets = _Targets(snapshot, excluded_targets(snapshot, draining), {c.name for c in candidates})
     drains: list[NodeDrain] = []
-    receivers: set[str] = set()
     for candidate in candidates:
         if max_drains is not None and len(drains) >= max_drains:
             break
-        if candidate.name in receivers:
+        if targets.receives(candidate.name):
             skipped.append(
                 NodeSkip(
                     candidate.name,
@@ -333,83 +400,104 @@ def plan_defrag(
                 )
             )
             continue
-        outcome = simulate_drain(
-            candidate.name,
-            workers_by_node[candidate.name],
-            state,
-            excluded | {drain.node for drain in drains},
-            profile,
-        )
+        outcome = targets.drain(candidate.name, workers_by_node[candidate.name], profile)
         if isinstance(outcome, NodeSkip):
             skipped.append(outcome)
             continue
-        moves, state = outcome
-        source = by_name[candidate.name].node
-        drains.append(NodeDrain(candidate.name, gpus_in_use(source), len(source.gpus), moves))
-        receivers |= {move.to_node for move in moves}
+        source = candidate.node
+        drains.append(NodeDrain(candidate.name, gpus_in_use(source), len(source.gpus), outcome))
     return DefragPlan(snapshot.pool, tuple(drains), tuple(sorted(skipped, key=lambda s: s.node)))
 
 
-def simulate_drain(
-    source_name: str,
-    workers: list[Worker],
-    state: Mapping[str, Node],
-    excluded: set[str],
-    profile: Profile,
-) -> tuple[tuple[Move, ...], dict[str, Node]] | NodeSkip:
-    """Place every worker of `source_name` on eligible targets, jointly (earlier moves count).
+def _workers_by_node(snapshot: PoolSnapshot) -> dict[str, list[Worker]]:
+    workers_by_node: dict[str, list[Worker]] = {}
+    for worker in snapshot.workers:
+        workers_by_node.setdefault(worker.node, []).append(worker)
+    return workers_by_node
 
-    Returns the moves and the new cluster state, or the `UNSCHEDULABLE` skip that explains which
-    workload had no place and why each kind of node was not a target.
-    """
-    source = state[source_name]
-    targets: list[Node] = []
-    why_not: dict[str, int] = {}
-    for name, node in state.items():
-        if name == source_name:
-            continue
-        reason = _target_exclusion(name, node, source, excluded)
-        if reason is None:
-            targets.append(node)
-        else:
-            why_not[reason] = why_not.get(reason, 0) + 1
-    view = ClusterView(targets)
-    moves: list[Move] = []
-    for worker in sorted(workers, key=lambda w: (-_demand(w), w.key)):
-        outcome = place(worker.request, view, profile)
-        if not isinstance(outcome, Placement):
-            not_targets = ", ".join(f"{count} {reason}" for reason, count in sorted(why_not.items()))
-            return NodeSkip(
-                source_name,
-                SkipReason.UNSCHEDULABLE,
-                f"no place for worker {worker.key}: {outcome.summary()}"
-                + (f"; not targets: {not_targets}" if not_targets else ""),
-            )
-        view.apply(outcome)
-        moves.append(
-            Move(
-                namespace=worker.namespace,
-                name=worker.name,
-                uid=worker.uid,
-                from_node=source_name,
-                to_node=outcome.node,
-                gpu_indices=outcome.gpu_indices,
-                gpu_uuids=outcome.gpu_uuids,
-                tflops_milli=outcome.tflops_milli,
-                vram_bytes=outcome.vram_bytes,
-                allocation_id=worker.allocation_id,
-            )
+
+class _Targets:
+    """The simulated cluster a plan places into: nodes that stay (`settled`) and candidates not
+    simulated yet (`pending`). A drain is tried on both views and undone when a pod has no place."""
+
+    def __init__(self, snapshot: PoolSnapshot, excluded: set[str], candidates: set[str]) -> None:
+        self.excluded = excluded
+        self.not_targets: dict[str, int] = {}
+        settled: list[Node] = []
+        pending: list[Node] = []
+        for pool_node in snapshot.nodes:
+            node = pool_node.node
+            reason = _target_exclusion(pool_node.name, node, excluded)
+            if reason is not None:
+                self.not_targets[reason] = self.not_targets.get(reason, 0) + 1
+            elif pool_node.name in candidates:
+                pending.append(node)
+            else:
+                settled.append(node)
+        self.settled = ClusterView(settled)
+        self.pending = ClusterView(pending)
+
+    def receives(self, name: str) -> bool:
+        """Whether the candidate took moves (or failed) and now stays."""
+        return name in self.settled.nodes
+
+    def drain(self, source: str, workers: list[Worker], profile: Profile) -> tuple[Move, ...] | NodeSkip:
+        """Place every worker of `source` jointly (earlier moves count); on success the source leaves
+        the cluster and the candidates that received are settled, else nothing changes and the
+        source is settled (it stays, so later drains may use it)."""
+        node = self.pending.nodes[source]
+        self.pending.remove(source)
+        placed: list[tuple[ClusterView, Placement]] = []
+        moves: list[Move] = []
+        for worker in sorted(workers, key=lambda w: (-_demand(w), w.key)):
+            outcome = place(worker.request, self.settled, profile)
+            view = self.settled
+            if not isinstance(outcome, Placement):
+                outcome = place(worker.request, self.pending, profile) if len(self.pending) else outcome
+                view = self.pending
+            if not isinstance(outcome, Placement):
+                for taken_from, placement in reversed(placed):
+                    taken_from.release(placement)
+                self.settled.upsert(node)
+                return self._unschedulable(source, worker, outcome)
+            view.apply(outcome)
+            placed.append((view, outcome))
+            moves.append(_move(worker, source, outcome))
+        for view, placement in placed:
+            if view is self.pending and placement.node in self.pending.nodes:
+                receiver = self.pending.nodes[placement.node]
+                self.pending.remove(placement.node)
+                self.settled.upsert(receiver)
+        return tuple(moves)
+
+    def _unschedulable(self, source: str, worker: Worker, outcome: Rejection) -> NodeSkip:
+        not_targets = ", ".join(f"{count} {reason}" for reason, count in sorted(self.not_targets.items()))
+        return NodeSkip(
+            source,
+            SkipReason.UNSCHEDULABLE,
+            f"no place for worker {worker.key}: {outcome.summary()}"
+            + (f"; not targets: {not_targets}" if not_targets else ""),
         )
-    new_state = dict(state)
-    new_state.update(view.nodes)
-    return tuple(moves), new_state
 
 
-def _target_exclusion(name: str, node: Node, source: Node, excluded: set[str]) -> str | None:
+def _move(worker: Worker, source: str, placement: Placement) -> Move:
+    return Move(
+        namespace=worker.namespace,
+        name=worker.name,
+        uid=worker.uid,
+        from_node=source,
+        to_node=placement.node,
+        gpu_indices=placement.gpu_indices,
+        gpu_uuids=placement.gpu_uuids,
+        tflops_milli=placement.tflops_milli,
+        vram_bytes=placement.vram_bytes,
+        allocation_id=worker.allocation_id,
+    )
+
+
+def _target_exclusion(name: str, node: Node, excluded: set[str]) -> str | None:
     if name in excluded:
         return "being drained, cordoned, not ready or marked"
     if not node.gpus or gpus_in_use(node) == 0:
         return "empty (moving there frees nothing)"
-    if not _at_least_as_utilized(node, source):
-        return "less utilized than the source"
     return None

@@ -1,4 +1,5 @@
-"""The defrag plan: every skip rule with its recorded reason, joint simulation, emptiest first."""
+"""The defrag plan: every skip rule with its recorded reason, joint simulation, smallest first, nodes
+that stay as targets before candidates."""
 
 from __future__ import annotations
 
@@ -165,16 +166,6 @@ SKIP_RULES = [
         id="never onto an empty node",
     ),
     pytest.param(
-        base_snapshot(
-            nodes=(a_node("a", (250, 0, 0, 0)), a_node("b", (250, 0, 0, 0, 0, 0, 0, 0))),
-            workers=(a_worker("w1", "a"),),
-        ),
-        {},
-        SkipReason.UNSCHEDULABLE,
-        "1 less utilized than the source",
-        id="never onto a less utilized node",
-    ),
-    pytest.param(
         _with_worker(request=PlacementRequest(name="w1", gpu_share=250, gpu_models=frozenset({"A100"}))),
         {},
         SkipReason.UNSCHEDULABLE,
@@ -220,7 +211,7 @@ def test_a_node_being_drained_is_never_a_target() -> None:
     assert "being drained" in skip_of(plan, "a")[1]
 
 
-def test_candidates_go_emptiest_first_and_a_receiver_is_not_drained() -> None:
+def test_candidates_go_smallest_first_and_a_receiver_is_not_drained() -> None:
     snapshot = PoolSnapshot(
         pool="default",
         nodes=(a_node("a", (250, 250, 0, 0, 0, 0, 0, 0)), a_node("c", (250, 0, 0, 0))),
@@ -230,9 +221,48 @@ def test_candidates_go_emptiest_first_and_a_receiver_is_not_drained() -> None:
 
     plan = plan_defrag(snapshot, CONFIG, NOW)
 
-    assert [drain.node for drain in plan.drains] == ["a"]
-    assert {move.to_node for move in plan.drains[0].moves} == {"c"}
-    assert skip_of(plan, "c")[0] is SkipReason.RECEIVES_MOVES
+    assert [drain.node for drain in plan.drains] == ["c"]
+    assert {move.to_node for move in plan.drains[0].moves} == {"a"}
+    assert skip_of(plan, "a")[0] is SkipReason.RECEIVES_MOVES
+
+
+def test_a_full_small_node_drains_into_a_bigger_less_utilized_node() -> None:
+    snapshot = PoolSnapshot(
+        pool="default",
+        nodes=(a_node("small", (1000,)), a_node("big", (1000, 1000, 1000, 1000, 0, 0, 0, 0))),
+        workers=(a_worker("whole", "small", 1000), *(a_worker(f"b{i}", "big", 1000) for i in range(4))),
+        budgets=(a_budget(),),
+    )
+
+    plan = plan_defrag(snapshot, replace(CONFIG, utilization_threshold_percent=100), NOW)
+
+    assert [drain.node for drain in plan.drains] == ["small"]
+    assert plan.drains[0].moves[0].to_node == "big"
+
+
+def test_nodes_that_stay_receive_before_candidates_still_to_come() -> None:
+    """x's pod would pack best onto candidate y; it goes to f, which stays (its worker is fresh), so
+    that y can be drained as well."""
+    snapshot = PoolSnapshot(
+        pool="default",
+        nodes=(
+            a_node("x", (250, 0)),
+            a_node("y", (750, 0, 0, 0)),
+            a_node("f", (250, 0, 0, 0)),
+        ),
+        workers=(
+            a_worker("wx", "x"),
+            a_worker("wy", "y", 750),
+            a_worker("wf", "f", created_at=NOW - timedelta(minutes=1)),
+        ),
+        budgets=(a_budget(),),
+    )
+
+    plan = plan_defrag(snapshot, replace(CONFIG, utilization_threshold_percent=60), NOW)
+
+    assert [drain.node for drain in plan.drains] == ["x", "y"]
+    assert {move.to_node for drain in plan.drains for move in drain.moves} == {"f"}
+    assert skip_of(plan, "f")[0] is SkipReason.FRESH_WORKER
 
 
 def test_the_plan_serialises_moves_and_reasons() -> None:

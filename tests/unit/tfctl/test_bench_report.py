@@ -20,12 +20,18 @@ OUTBOX_RESULT = {
     "bare_publish": {"events_per_second": 4200.0},
 }
 DEFRAG_RESULT = {
+    "threshold_percent": 40,
     "nodes_freed": 40,
-    "bound_nodes_freed": 42,
     "moves": 122,
-    "bound_pods_moved": 122,
     "stranded_pods": 0,
     "pdb_violations": 0,
+    "any_node": {"nodes_freed": 500, "moves": 1100, "stranded_pods": 0, "pdb_violations": 0},
+    "bound_kind": "global",
+    "global_bound_nodes_freed": 525,
+    "bound_best_nodes_freed": 510,
+    "bound_best_pods_moved": 1000,
+    "bound_gap": 0.0286,
+    "per_pod": {"nodes_freed": 41, "global_bound_nodes_freed": 600},
 }
 
 
@@ -90,7 +96,17 @@ def test_the_table_states_the_machine_once_and_one_row_per_figure() -> None:
     assert (
         "| ledger | reserve_many(), batches of 50 | 3,000.0 reservations/s | 6,000.0 reservations/s" in table
     )
-    assert "| defrag | nodes freed | 40 nodes | 42 nodes (CP-SAT bound) | 0.952 |" in table
+    bound = "global bound: any node drained, each pod wherever it fits (CP-SAT)"
+    assert (
+        f"| defrag | nodes freed, default threshold (40%) | 40 nodes | 525 nodes ({bound}) | 0.076 |" in table
+    )
+    assert (
+        f"| defrag | nodes freed, every node a candidate | 500 nodes | 525 nodes ({bound}) | 0.952 |" in table
+    )
+    assert "| defrag | global bound's gap proven (best bound vs best solution) | 2.86% | - | - |" in table
+    assert (
+        "| defrag | nodes freed, default threshold, one budget per pod (the old protocol) | 41 nodes" in table
+    )
     assert "| defrag | stranded pods | 0 pods | - | - |" in table
     assert "| ledger | reservations 1000, concurrency 16, batch 50 | 20.5 |" in table
     assert "| defrag | trace default, fill 0.9 | 15.2 |" in table
@@ -113,3 +129,24 @@ def test_a_page_without_markers_is_refused_with_the_markers_to_add() -> None:
         splice("# Benchmarks\n\nno markers here\n", "table\n")
     with pytest.raises(MarkerError):
         splice(f"{END_MARKER}\n{BEGIN_MARKER}\n", "table\n")
+
+
+WEBHOOK_RESULT = {
+    "cached": {"c10": {"requests_per_s": 4500.0, "p99_ms": 3.5, "bare_requests_per_s": 6000.0}},
+    "varied": {"c10": {"requests_per_s": 3600.0, "p99_ms": 4.0, "bare_requests_per_s": 5000.0}},
+    "bare": {"c10": {"requests_per_s": 5500.0, "p99_ms": 3.0}},
+}
+
+
+def test_the_webhook_figures_name_the_shortcut_path_and_the_path_users_hit_each_against_its_round() -> None:
+    figures = {found["name"]: found for found in figures_of("webhook", WEBHOOK_RESULT)}
+
+    cached = figures[
+        "admission, 10 clients, one cached review, discarding bus, in-memory pod index (shortcut path)"
+    ]
+    varied = figures["admission, 10 clients, distinct openb pods, JetStream, Postgres pod index"]
+    assert (cached["ratio"], cached["baseline_value"]) == (0.75, 6000.0)
+    assert (varied["ratio"], varied["baseline_value"]) == (0.72, 5000.0)
+    p99 = figures["admission p99, 10 clients, distinct openb pods, JetStream, Postgres pod index"]
+    assert (p99["value"], p99["baseline_value"]) == (4.0, 3.0)
+    assert len(figures) == 4
