@@ -3,15 +3,18 @@
 Both implement the `EventBus` port and pass the same contract tests. Publishing returns only once the
 message is stored (JetStream PubAck); the event id is the `Nats-Msg-Id`, so a republish within the
 stream's duplicate window stores nothing new. Messages carry CloudEvents attributes and W3C trace
-context as headers. This module does not consume; see `tfcommon.consumer`.
+context as headers. `publish_many` publishes a batch pipelined (every message sent, then the
+acknowledgements awaited together) and returns each one's outcome. This module does not consume; see
+`tfcommon.consumer`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import asyncio
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Protocol
+from typing import Any, Protocol
 
 import nats
 from nats.aio.client import Client
@@ -165,10 +168,56 @@ class NatsEventBus:
         except NoStreamResponseError as error:
             raise UnroutableSubjectError(subject) from error
 
+    async def publish_many(self, events: Sequence[Message]) -> list[BaseException | None]:
+        """Publish `events` pipelined: each is handed to the connection (in order) before any
+        acknowledgement is awaited, and the acknowledgements are awaited together under one
+        `PUBLISH_TIMEOUT_S`, without a task or a timer per message. Returns each event's outcome, in
+        order: None once stored, else the error (`UnroutableSubjectError`; a `TimeoutError` when no
+        acknowledgement came in time, though the message may be stored: publishing it again is a no-op
+        within the duplicate window)."""
+        pending: list[asyncio.Future[Any] | BaseException] = []
+        try:
+            for event in events:
+                event_id = str(event.event_id)
+                headers = _headers_for(
+                    self.service,
+                    event_id=event_id,
+                    event_type=event.event_type(),
+                    occurred_at=event.occurred_at,
+                    extra=None,
+                )
+                try:
+                    pending.append(
+                        await self.js.publish_async(event.routing_subject(), encode(event), headers=headers)
+                    )
+                except Exception as error:  # the connection refused it: the others still go
+                    pending.append(error)
+            futures = [ack for ack in pending if isinstance(ack, asyncio.Future)]
+            if futures:
+                await asyncio.wait(futures, timeout=PUBLISH_TIMEOUT_S)
+        finally:
+            for ack in pending:
+                if isinstance(ack, asyncio.Future) and not ack.done():
+                    ack.cancel()  # releases its slot in the client's pending acknowledgements
+        return [_outcome(ack, event) for ack, event in zip(pending, events, strict=True)]
+
     async def close(self) -> None:
         """Drain subscriptions and pending publishes, then close. Safe to call twice."""
         if not self.nc.is_closed:
             await self.nc.drain()
+
+
+def _outcome(ack: asyncio.Future[Any] | BaseException, event: Message) -> BaseException | None:
+    if isinstance(ack, BaseException):
+        return ack
+    if ack.cancelled():
+        return TimeoutError(
+            f"no JetStream acknowledgement within {PUBLISH_TIMEOUT_S:g}s for {event.event_id}"
+        )
+    error = ack.exception()
+    if isinstance(error, NoStreamResponseError):
+        return UnroutableSubjectError(event.routing_subject())
+    return error
 
 
 @dataclass(frozen=True)
@@ -219,6 +268,18 @@ class InMemoryEventBus:
             self.service, event_id=event_id, event_type=event_type, occurred_at=occurred_at, extra=headers
         )
         self.stored.append(StoredMessage(subject, payload, all_headers))
+
+    async def publish_many(self, events: Sequence[Message]) -> list[BaseException | None]:
+        """`publish` each event in order; each one's outcome (None once stored, else the error)."""
+        outcomes: list[BaseException | None] = []
+        for event in events:
+            try:
+                await self.publish(event)
+            except Exception as error:
+                outcomes.append(error)
+            else:
+                outcomes.append(None)
+        return outcomes
 
     def messages(self) -> list[Message]:
         """Every stored message, decoded, in publish order."""

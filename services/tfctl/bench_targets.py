@@ -1,6 +1,7 @@
 """The quality and speed benchmarks `tfctl bench` runs over code that lives elsewhere: thin wrappers.
 
-`run_webhook` calls `tfwebhook.bench.run_admission_benchmark`; `run_placement` replays the openb trace
+`run_webhook` calls `tfwebhook.bench.run_admission_benchmark` with the trace's GPU shapes and a scratch
+ledger and NATS; `run_placement` replays the openb trace
 with each policy and seed (`tfctl.simulation.replay`) and times single placements
 (`placement_latency_benchmark`); `run_defrag` calls `tfctl.commands.sim_defrag.defrag_benchmark`.
 They choose the trace files, report progress through a callback and record their sizes; the figures
@@ -13,7 +14,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from tfcommon.placement import DEFAULT_POLICY, POLICIES
+from tfcommon.placement import DEFAULT_POLICY, POLICIES, PlacementRequest
 
 DEFAULT_TRACES = Path(__file__).resolve().parents[2].parent / "shared" / "traces" / "openb"
 """The openb trace folder next to this checkout (`../shared/traces/openb`), where `docs/benchmarks.md`
@@ -44,22 +45,49 @@ def trace_files(traces: Path, trace: str) -> tuple[Path, Path]:
     return nodes, pods
 
 
+def gpu_shapes(traces: Path, trace: str) -> list[PlacementRequest]:
+    """The GPU pods of the trace's pod list as placement requests (CPU-only pods left out)."""
+    from tfctl.simulation import read_pods, to_request
+
+    _nodes, pods_csv = trace_files(traces, trace)
+    return [to_request(pod) for pod in read_pods(pods_csv) if pod.num_gpu > 0]
+
+
 def run_webhook(
     requests: int = 2000,
     clients: Sequence[int] = (10, 100),
     rounds: int = 5,
+    *,
+    traces: Path = DEFAULT_TRACES,
+    trace: str = "default",
+    database_url: str | None = None,
+    nats_url: str | None = None,
     progress: Progress | None = None,
 ) -> dict[str, Any]:
-    """The admission benchmark: webhook against a bare endpoint, at each client count."""
+    """The admission benchmark: the webhook on the shortcut path (one review, cached) and on the path
+    users hit (the service on a scratch ledger and NATS, distinct pods of the trace's GPU shapes),
+    against a bare endpoint, at each client count."""
     if requests < 1 or rounds < 1 or not clients or min(clients) < 1:
         raise TargetError("--requests, --rounds and every --clients: each must be at least 1")
-    from tfwebhook.bench import run_admission_benchmark
+    from tfwebhook.bench import VariedLoad, run_admission_benchmark
 
+    from tfctl.bench_servers import nats_server, postgres_server, scratch_database
+
+    shapes = gpu_shapes(traces, trace)
     if progress is not None:
         progress(
-            f"{requests} requests x {rounds} rounds at {'/'.join(map(str, clients))} clients, both servers"
+            f"{requests} requests x {rounds} rounds at {'/'.join(map(str, clients))} clients, to the "
+            f"cached, varied ({len(shapes)} GPU shapes of {trace}) and bare servers"
         )
-    return run_admission_benchmark(requests, tuple(clients), rounds)
+    with (
+        postgres_server(database_url) as server_url,
+        scratch_database(server_url, "bench_webhook") as url,
+        nats_server(nats_url) as bus_url,
+    ):
+        result = run_admission_benchmark(
+            requests, tuple(clients), rounds, varied=VariedLoad(url, bus_url, shapes)
+        )
+    return {"trace": trace, **result}
 
 
 def run_placement(

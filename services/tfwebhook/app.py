@@ -72,12 +72,14 @@ def composer(tls: TlsFiles) -> Callable[[ServiceContext[WebhookSettings]], Await
             full_ttl_s=config.current().webhook.takeover_full_cache_seconds,
         )
         recommendations = RecommendationCache(RecommendationStore(context.ledger.engine))
+        pod_indices = SequencePodIndices(context.ledger.engine)
+        context.cleanup.push_async_callback(pod_indices.close)
         service = AdmissionService(
             config=config,
             bus=context.bus,
             takeovers=takeovers,
             namespace_labels=namespace_labels(context.cleanup),
-            pod_indices=SequencePodIndices(context.ledger.engine),
+            pod_indices=pod_indices,
             recommendations=recommendations.current,
         )
         context.cleanup.push_async_callback(service.drain)

@@ -3,12 +3,12 @@
 The route reads the raw AdmissionReview, asks the pure core (`tfwebhook.core`) for a verdict, settles
 `enabled-replicas` with the ledger (a dry run only looks, never claims), gives a pod taken over its
 device-plugin index (a dry run only previews the next one), answers, and queues `PodAdmitted` for each
-GPU pod it mutates (never for a dry run). Events leave off the request path through long-lived
-publisher tasks (`PodAdmittedOutbox`), up to 64 publishes awaiting their acknowledgements at once, and
-are retried until JetStream stores them; the event id derives from the request UID, so a republished
-or re-admitted event is deduplicated by JetStream. The outbox lives in memory: it is flushed on
-shutdown, but a crash loses what it holds. A malformed review gets HTTP 400; an unexpected failure
-gets an allowed=false review naming the cause, never an HTTP 500.
+GPU pod it mutates (never for a dry run). Events leave off the request path through a long-lived
+publisher task (`PodAdmittedOutbox`), in batches of up to 64 publishes awaiting their acknowledgements
+together (under load, one batch every 5 ms), and are retried until JetStream stores them; the event id
+derives from the request UID, so a republished or re-admitted event is deduplicated by JetStream. The
+outbox lives in memory: it is flushed on shutdown, but a crash loses what it holds. A malformed review
+gets HTTP 400; an unexpected failure gets an allowed=false review naming the cause, never an HTTP 500.
 """
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ import os
 import ssl
 import uuid
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import orjson
 from fastapi import APIRouter
@@ -32,7 +32,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 from tfcommon.bus import EventBus
 from tfcommon.config import ConfigSource, TfConfig
-from tfcommon.events import PodAdmitted
+from tfcommon.events import Message, PodAdmitted
 from tfcommon.recommendations import Recommendation
 
 from tfwebhook.core.admission import (
@@ -54,6 +54,11 @@ from tfwebhook.pod_index import CyclingPodIndices, PodIndices
 
 MUTATE_PATH = "/mutate-v1-pod"
 PUBLISH_CONCURRENCY = 64
+"""Most `PodAdmitted` publishes awaiting their acknowledgements at once: the largest batch."""
+BATCH_ABOVE_PER_S = 200.0
+"""Admissions a second from which `PodAdmitted` events leave in batches at most every `BATCH_INTERVAL_S`."""
+BATCH_INTERVAL_S = 0.005
+RATE_WINDOW_S = 0.1
 EVENT_NAMESPACE = uuid.UUID("5d7e5e2c-4f5b-4a59-9a59-7466706f6f6c")
 log = logging.getLogger("tfwebhook.http")
 
@@ -64,6 +69,13 @@ class Takeovers(Protocol):
     async def claim(self, slot_id: str, workload_key: str, limit: int) -> bool: ...
 
     async def has_room(self, workload_key: str, limit: int, slot_id: str | None = None) -> bool: ...
+
+
+@runtime_checkable
+class PublishesMany(Protocol):
+    """A bus that publishes a batch pipelined (`tfcommon.bus.NatsEventBus.publish_many`)."""
+
+    async def publish_many(self, events: Sequence[Message]) -> list[BaseException | None]: ...
 
 
 NamespaceLabels = Callable[[str], Awaitable[Mapping[str, str] | None]]
@@ -254,17 +266,20 @@ QueuedEvent = tuple[str, datetime, Admitted]
 
 
 class PodAdmittedOutbox:
-    """`PodAdmitted` events answered for but not yet stored by JetStream, and the tasks that publish them.
+    """`PodAdmitted` events answered for but not yet stored by JetStream, and the task that publishes them.
 
-    Up to `PUBLISH_CONCURRENCY` long-lived publisher tasks share the queue, each publishing one event at
-    a time, so that many acknowledgements are awaited together. `put` wakes an idle publisher (or
-    starts one); a publisher that takes an event while more wait checks on the next loop turn whether
-    it is still waiting for its acknowledgement, and then wakes publishers for the rest. A bus that
-    never waits (in memory) is thus served by one publisher, without a task per event or burst.
+    One publisher task (started by the first `put`, stopped by `drain`) sends the queue in batches of
+    up to `PUBLISH_CONCURRENCY` events: every event of a batch is handed to the bus before any
+    acknowledgement is awaited, so the connection writes them together and their acknowledgements
+    come back together. While admissions arrive at under `BATCH_ABOVE_PER_S` a second, a batch leaves
+    as soon as the publisher is free (an idle one wakes at once); above that rate at most one batch
+    leaves every `BATCH_INTERVAL_S`, so a steady stream costs one write and one read of
+    acknowledgements per interval rather than per event (on both sides: the NATS server's work per
+    message falls too), for up to that interval's delay of the event.
 
-    A failed event goes back to the front of the queue and publishing pauses, with a backoff from
-    `retry_backoff_s` doubling up to `retry_backoff_max_s` while failures go on. At `limit` queued
-    events the oldest is dropped and counted in `dropped`. Publishers run until `drain` stops them.
+    Failed events go back to the front of the queue in their order and publishing pauses, with a
+    backoff from `retry_backoff_s` doubling up to `retry_backoff_max_s` while failures go on. At
+    `limit` queued events the oldest is dropped and counted in `dropped`.
     """
 
     def __init__(
@@ -276,12 +291,14 @@ class PodAdmittedOutbox:
         self.retry_backoff_max_s = retry_backoff_max_s
         self.dropped = 0
         self._queue: deque[QueuedEvent] = deque()
-        self._publishers: set[asyncio.Task[None]] = set()
-        self._idle: dict[asyncio.Task[None], asyncio.Future[None]] = {}
-        self._woken: set[asyncio.Task[None]] = set()
-        self._backlog_check_due = False
+        self._publisher: asyncio.Task[None] | None = None
+        self._wakeup: asyncio.Future[None] | None = None
         self._backoff_s = retry_backoff_s
         self._paused_until = 0.0
+        self._last_batch_at = float("-inf")
+        self._window_ends = float("-inf")
+        self._in_window = 0
+        self._in_last_window = 0
         self._quiet_waiters: list[asyncio.Future[None]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -291,7 +308,7 @@ class PodAdmittedOutbox:
         return len(self._queue)
 
     def put(self, event: QueuedEvent) -> None:
-        """Queue `event` (dropping the oldest when full) and make sure a publisher will take it."""
+        """Queue `event` (dropping the oldest when full) and make sure the publisher will take it."""
         if len(self._queue) >= self.limit:
             self._queue.popleft()
             self.dropped += 1
@@ -301,15 +318,15 @@ class PodAdmittedOutbox:
                 extra={"event": "webhook.publish_dropped"},
             )
         self._queue.append(event)
-        if not self._woken:
-            self._wake(1)
+        self._count_arrival(self._running_loop().time())
+        self._wake()
 
     async def drain(self, timeout_s: float) -> None:
-        """Publish everything queued within `timeout_s` (logging what is left), then stop the publishers."""
+        """Publish everything queued within `timeout_s` (logging what is left), then stop the publisher."""
         loop = self._running_loop()
         if self._queue:
-            self._wake(1)
-        if not self._publishers:
+            self._wake()
+        if self._publisher is None:
             return
         timed_out = False
         if not self._quiet():
@@ -319,10 +336,9 @@ class PodAdmittedOutbox:
                 await asyncio.wait_for(quiet, timeout=timeout_s)
             except TimeoutError:
                 timed_out = True
-        publishers = list(self._publishers)
-        for publisher in publishers:
-            publisher.cancel()
-        await asyncio.gather(*publishers, return_exceptions=True)
+        publisher, self._publisher = self._publisher, None
+        publisher.cancel()
+        await asyncio.gather(publisher, return_exceptions=True)
         if timed_out:
             log.error(
                 "%d PodAdmitted events not published before the drain deadline",
@@ -331,73 +347,67 @@ class PodAdmittedOutbox:
             )
 
     def _quiet(self) -> bool:
-        return not self._queue and len(self._idle) == len(self._publishers)
+        return not self._queue and self._wakeup is not None
 
-    def _wake(self, wanted: int) -> None:
-        """Have `wanted` more publishers take events: woken idle ones first, then new ones."""
-        loop = self._running_loop()
-        wanted -= len(self._woken)
-        while wanted > 0 and self._idle:
-            publisher, wakeup = self._idle.popitem()
-            wakeup.set_result(None)
-            self._woken.add(publisher)
-            wanted -= 1
-        while wanted > 0 and len(self._publishers) < PUBLISH_CONCURRENCY:
-            publisher = loop.create_task(self._publish_forever())
-            publisher.add_done_callback(self._forget)
-            self._publishers.add(publisher)
-            self._woken.add(publisher)
-            wanted -= 1
+    def _wake(self) -> None:
+        """Wake the idle publisher, or start one."""
+        if self._wakeup is not None and not self._wakeup.done():
+            self._wakeup.set_result(None)
+        if self._publisher is None or self._publisher.done():
+            self._publisher = self._running_loop().create_task(self._publish_forever())
 
     def _running_loop(self) -> asyncio.AbstractEventLoop:
-        """The running loop; publishers of an earlier loop (a test's, now closed) are forgotten."""
+        """The running loop; the publisher of an earlier loop (a test's, now closed) is forgotten."""
         loop = asyncio.get_running_loop()
         if loop is not self._loop:
             self._loop = loop
-            self._publishers, self._idle, self._woken = set(), {}, set()
-            self._backlog_check_due = False
+            self._publisher, self._wakeup = None, None
             self._quiet_waiters = []
         return loop
 
-    def _forget(self, publisher: asyncio.Task[None]) -> None:
-        self._publishers.discard(publisher)
-        self._woken.discard(publisher)
-        self._idle.pop(publisher, None)
+    def _count_arrival(self, now: float) -> None:
+        if now >= self._window_ends:
+            recent = now < self._window_ends + RATE_WINDOW_S
+            self._in_last_window = self._in_window if recent else 0
+            self._in_window = 0
+            self._window_ends = now + RATE_WINDOW_S
+        self._in_window += 1
 
-    def _check_backlog(self) -> None:
-        self._backlog_check_due = False
-        if self._queue:
-            self._wake(len(self._queue))
+    def _busy(self) -> bool:
+        """Whether admissions arrive at `BATCH_ABOVE_PER_S` or more (this or the last rate window)."""
+        return max(self._in_window, self._in_last_window) >= BATCH_ABOVE_PER_S * RATE_WINDOW_S
 
     async def _publish_forever(self) -> None:
         loop = asyncio.get_running_loop()
-        me = asyncio.current_task()
-        assert me is not None
-        self._woken.discard(me)
         while True:
             if not self._queue:
-                wakeup = self._idle[me] = loop.create_future()
-                if self._quiet_waiters and self._quiet():
+                self._wakeup = loop.create_future()
+                if self._quiet_waiters:
                     for waiter in self._quiet_waiters:
                         if not waiter.done():
                             waiter.set_result(None)
                     self._quiet_waiters.clear()
                 try:
-                    await wakeup
+                    await self._wakeup
                 finally:
-                    self._idle.pop(me, None)
-                    self._woken.discard(me)
+                    self._wakeup = None
                 continue
-            pause = self._paused_until - loop.time()
-            if pause > 0:
-                await asyncio.sleep(pause)
+            now = loop.time()
+            due = self._last_batch_at + BATCH_INTERVAL_S if self._busy() else now
+            wait = max(self._paused_until, due) - now
+            if wait > 0:
+                await asyncio.sleep(wait)
                 continue
-            event = self._queue.popleft()
-            if self._queue and not self._backlog_check_due:
-                self._backlog_check_due = True
-                loop.call_soon(self._check_backlog)
+            self._last_batch_at = now
+            taken = [self._queue.popleft() for _ in range(min(len(self._queue), PUBLISH_CONCURRENCY))]
+            await self._publish_batch(taken, loop)
+
+    async def _publish_batch(self, taken: list[QueuedEvent], loop: asyncio.AbstractEventLoop) -> None:
+        """Publish `taken` together; the failed ones go back to the queue."""
+        batch: list[tuple[QueuedEvent, PodAdmitted]] = []
+        for event in taken:
             try:
-                admitted = _pod_admitted(*event)
+                batch.append((event, _pod_admitted(*event)))
             except Exception as error:  # a poison event: retrying cannot help, so it is dropped and logged
                 self.dropped += 1
                 log.error(
@@ -406,27 +416,45 @@ class PodAdmittedOutbox:
                     error,
                     extra={"event": "webhook.publish_dropped"},
                 )
-                continue
-            try:
-                await self.bus.publish(admitted)
-            except asyncio.CancelledError:
-                self._queue.appendleft(event)  # it may be stored already: JetStream dedups the retry
-                raise
-            except Exception as error:
-                self._retry(event, error, loop.time())
-            else:
-                self._backoff_s = self.retry_backoff_s
+        try:
+            outcomes = await self._publish_all([admitted for _event, admitted in batch], loop)
+        except asyncio.CancelledError:
+            # All go back (one may be stored already: JetStream dedups the retry).
+            self._queue.extendleft(reversed([event for event, _admitted in batch]))
+            raise
+        failed = [
+            (event, outcome)
+            for (event, _admitted), outcome in zip(batch, outcomes, strict=True)
+            if isinstance(outcome, BaseException)
+        ]
+        if failed:
+            self._retry([event for event, _outcome in failed], failed[0][1], loop.time())
+        elif batch:
+            self._backoff_s = self.retry_backoff_s
 
-    def _retry(self, event: QueuedEvent, error: Exception, now: float) -> None:
-        """Put a failed event back at the front (unless the queue is full) and pause publishing."""
-        if len(self._queue) < self.limit:
-            self._queue.appendleft(event)
-        else:
-            self.dropped += 1
-        if now < self._paused_until:
-            return  # already pausing after another publisher's failure
+    async def _publish_all(
+        self, events: list[PodAdmitted], loop: asyncio.AbstractEventLoop
+    ) -> Sequence[BaseException | None]:
+        """Each event's outcome: through the bus's `publish_many` where it has one, else a `publish`
+        each, all at once."""
+        if isinstance(self.bus, PublishesMany):
+            return await self.bus.publish_many(events)
+        publishes = [loop.create_task(self.bus.publish(event)) for event in events]
+        try:
+            return await asyncio.gather(*publishes, return_exceptions=True)
+        except asyncio.CancelledError:
+            for publish in publishes:
+                publish.cancel()
+            raise
+
+    def _retry(self, events: list[QueuedEvent], error: BaseException, now: float) -> None:
+        """Put failed events back at the front, in order (those that fit), and pause publishing."""
+        room = max(0, self.limit - len(self._queue))
+        self.dropped += max(0, len(events) - room)
+        self._queue.extendleft(reversed(events[:room]))
         log.warning(
-            "PodAdmitted not published, retrying in %.2fs: %s",
+            "%d PodAdmitted not published, retrying in %.2fs: %s",
+            len(events),
             self._backoff_s,
             error,
             extra={"event": "webhook.publish_failed"},

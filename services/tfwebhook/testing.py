@@ -55,13 +55,15 @@ def apply(pod: dict[str, Any], patch: list[dict[str, Any]]) -> dict[str, Any]:
     return result
 
 
-def a_review(pod: dict[str, Any] | None, *, uid: str = "req-1", dry_run: bool = False) -> bytes:
+def a_review(
+    pod: dict[str, Any] | None, *, uid: str = "req-1", dry_run: bool = False, namespace: str = "ml-team-a"
+) -> bytes:
     request: dict[str, Any] = {
         "uid": uid,
         "kind": {"group": "", "version": "v1", "kind": "Pod"},
         "resource": {"group": "", "version": "v1", "resource": "pods"},
         "operation": "CREATE",
-        "namespace": "ml-team-a",
+        "namespace": namespace,
         "object": pod,
         "dryRun": dry_run,
     }

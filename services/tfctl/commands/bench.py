@@ -189,12 +189,14 @@ def _run_one(
 ) -> int:
     from tfctl.bench_ledger import LedgerBenchmarkError
     from tfctl.bench_outbox import OutboxBenchmarkError
+    from tfwebhook.bench import AdmissionBenchmarkError
+
     from tfctl.bench_targets import TargetError
 
     started_at, started = datetime.now(UTC), time.monotonic()
     try:
         result = run(_progress(name, started))
-    except (TargetError, LedgerBenchmarkError, OutboxBenchmarkError) as error:
+    except (TargetError, LedgerBenchmarkError, OutboxBenchmarkError, AdmissionBenchmarkError) as error:
         print(f"tfctl bench {name}: {error}", file=sys.stderr)
         return USAGE_ERROR
     seconds = time.monotonic() - started
@@ -313,7 +315,15 @@ def _add_target(
 
 
 def _register_webhook(targets: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    defaults: dict[str, Any] = {"requests": 2000, "clients": [10, 100], "rounds": 5}
+    from tfctl.bench_targets import DEFAULT_TRACES
+
+    defaults: dict[str, Any] = {
+        "requests": 2000,
+        "clients": [10, 100],
+        "rounds": 5,
+        "traces": str(DEFAULT_TRACES),
+        "trace": "default",
+    }
 
     def options(parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--requests", type=int, default=2000, help="requests per run (2000)")
@@ -327,20 +337,34 @@ def _register_webhook(targets: argparse._SubParsersAction[argparse.ArgumentParse
             "--rounds",
             type=int,
             default=5,
-            help="rounds per client count, each running both servers in turn; median-ratio round kept (5)",
+            help="rounds per client count, each running every server in turn; median-ratio round kept (5)",
         )
+        _trace_options(parser)
         parser.set_defaults(clients=None)
 
     def run(sizes: dict[str, Any], say: Progress) -> dict[str, Any]:
         from tfctl.bench_targets import run_webhook
 
         sizes["clients"] = sizes["clients"] or defaults["clients"]
-        return run_webhook(sizes["requests"], sizes["clients"], sizes["rounds"], progress=say)
+        result = run_webhook(
+            sizes["requests"],
+            sizes["clients"],
+            sizes["rounds"],
+            traces=Path(sizes["traces"]),
+            trace=sizes["trace"],
+            database_url=_database_url(),
+            nats_url=_nats_url(),
+            progress=say,
+        )
+        sizes["traces"] = str(sizes["traces"])
+        return result
 
     _add_target(
         targets,
         "webhook",
-        "admission requests/s and p99 at 10 and 100 clients against a bare uvicorn endpoint, over HTTPS",
+        "admission requests/s and p99 at 10 and 100 clients against a bare uvicorn endpoint, over HTTPS: "
+        "one cached review (the shortcut path) and distinct openb pods through the service on a real "
+        "ledger and NATS",
         defaults,
         run,
         options,

@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Mapping
+import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from functools import cached_property
+from functools import cached_property, lru_cache
 from typing import Any, cast, get_args
 
 import orjson
@@ -50,6 +51,10 @@ from tfwebhook.core.vocabulary import unknown_keys
 from tfwebhook.core.workload import WorkloadIdentity, identify, pod_display_name
 
 PREFIX = "tensor-fusion.ai/"
+_PLAIN_JSON_STRING = re.compile(r"[ !#-\[\]-~]*")
+"""Printable ASCII but `"` and `\\`: a string JSON writes as it is, between quotes."""
+QUANTITIES_REMEMBERED = 4096
+"""Distinct quantity texts (and byte counts) whose parse (and canonical text) `admit` keeps."""
 ENABLED = PREFIX + "enabled"
 COMPONENT = PREFIX + "component"
 WORKLOAD = PREFIX + "workload"
@@ -214,7 +219,7 @@ def _native_gpu_limits(
                         f"{what}: {values[resource]!r} must be a whole number such as 1"
                     )
                 try:
-                    count = parse_quantity(values[resource], what=what)
+                    count = _parse(parse_quantity, values[resource], what)
                 except QuantityError as error:
                     raise AdmissionDeniedError(f"{error}; use a whole number of GPUs such as 1") from None
                 if count.denominator != 1 or count < 0:
@@ -249,7 +254,7 @@ def _milli(annotations: Mapping[str, str], key: str) -> int | None:
     if value is None:
         return None
     try:
-        return parse_milli(value, what=f"annotation {key}")
+        return cast(int, _parse(parse_milli, value, f"annotation {key}"))
     except QuantityError as error:
         raise AdmissionDeniedError(f"{error} (TFLOPS per GPU, e.g. 20)") from None
 
@@ -259,18 +264,21 @@ def _bytes(annotations: Mapping[str, str], key: str) -> int | None:
     if value is None:
         return None
     try:
-        return parse_bytes(value, what=f"annotation {key}")
+        return cast(int, _parse(parse_bytes, value, f"annotation {key}"))
     except QuantityError as error:
         raise AdmissionDeniedError(f"{error} (VRAM per GPU, e.g. 16Gi)") from None
 
 
 def _percent(annotations: Mapping[str, str], key: str) -> int | None:
     value = annotations.get(key)
-    if value is None:
-        return None
+    return None if value is None else _percent_value(key, value)
+
+
+@lru_cache(maxsize=QUANTITIES_REMEMBERED)
+def _percent_value(key: str, value: str) -> int:
     example = "a whole percentage of one GPU from 0 to 100, e.g. 50"
     try:
-        number = parse_quantity(value, what=f"annotation {key}")
+        number = _parse(parse_quantity, value, f"annotation {key}")
     except QuantityError:
         raise AdmissionDeniedError(f"annotation {key}: {value!r} is not {example}") from None
     if number.denominator != 1 or not 0 <= number <= 100:
@@ -381,6 +389,8 @@ def _container_gpu_counts(
         ):
             return existing
     by_container = {name: native[name][1] if name in native else count for name in injected}
+    if len(by_container) == 1 and _PLAIN_JSON_STRING.fullmatch(injected[0]):
+        return f'{{"{injected[0]}":{by_container[injected[0]]}}}'  # what json.dumps writes, cheaper
     return json.dumps(by_container, separators=(",", ":"), sort_keys=True)
 
 
@@ -417,16 +427,41 @@ def _resolve_qos(annotations: Mapping[str, str], resources: _Resources, pool_def
     return pool_default or "medium"
 
 
-def _set_annotation_value(annotations: dict[str, str], key: str, value: int, parse: Any, text: str) -> None:
-    """Write `text` unless the annotation already holds the same value (keeps the user's spelling)."""
+def _set_annotation_value(
+    annotations: dict[str, str],
+    key: str,
+    value: int,
+    parse: Callable[[str], Any],
+    text: Callable[[int], str],
+) -> None:
+    """Write `text(value)` unless the annotation already holds the same value (keeps the user's
+    spelling)."""
     current = annotations.get(key)
     if current is not None:
         try:
-            if parse(current) == value:
+            if _remembered(parse, current) == value:
                 return
         except ValueError:
             pass
-    annotations[key] = text
+    annotations[key] = text(value)
+
+
+@lru_cache(maxsize=QUANTITIES_REMEMBERED, typed=True)
+def _remembered(parse: Callable[[Any], Any], text: str | int) -> Any:
+    """`parse(text)`, remembered: a cluster's pods repeat a few quantities (`16Gi`, `50`), and parsing
+    one exactly (with fractions) costs more than most of the rest of a decision. Failures are not kept."""
+    return parse(text)
+
+
+def _parse(parse: Callable[..., Any], text: str | int, what: str) -> Any:
+    """`parse(text, what=what)`, remembered (`_remembered`); a failure names `what`."""
+    try:
+        return _remembered(parse, text)
+    except QuantityError:
+        return parse(text, what=what)
+
+
+_canonical_bytes = lru_cache(maxsize=QUANTITIES_REMEMBERED)(format_bytes)
 
 
 def _enabled_replicas(annotations: Mapping[str, str]) -> int | None:
@@ -586,45 +621,23 @@ def _admit(original: Mapping[str, Any], context: AdmissionContext) -> Verdict:
     annotations[GPUPOOL] = pool.name
     annotations[QOS] = qos
     annotations[ISOLATION] = isolation
-    _set_annotation_value(annotations, GPU_COUNT, gpu_count, lambda text: int(text), str(gpu_count))
+    _set_annotation_value(annotations, GPU_COUNT, gpu_count, int, str)
     if isolation != "shared" or resources.tflops_limit or resources.percent_limit is not None:
         if resources.percent_limit is not None:
-            _set_annotation_value(
-                annotations,
-                PERCENT_REQUEST,
-                resources.percent_request or 0,
-                int,
-                str(resources.percent_request),
-            )
-            _set_annotation_value(
-                annotations, PERCENT_LIMIT, resources.percent_limit, int, str(resources.percent_limit)
-            )
+            _set_annotation_value(annotations, PERCENT_REQUEST, resources.percent_request or 0, int, str)
+            _set_annotation_value(annotations, PERCENT_LIMIT, resources.percent_limit, int, str)
         else:
             _set_annotation_value(
-                annotations,
-                TFLOPS_REQUEST,
-                resources.tflops_request,
-                parse_milli,
-                format_milli(resources.tflops_request),
+                annotations, TFLOPS_REQUEST, resources.tflops_request, parse_milli, format_milli
             )
             _set_annotation_value(
-                annotations,
-                TFLOPS_LIMIT,
-                resources.tflops_limit,
-                parse_milli,
-                format_milli(resources.tflops_limit),
+                annotations, TFLOPS_LIMIT, resources.tflops_limit, parse_milli, format_milli
             )
     if isolation != "shared" or resources.vram_limit:
         _set_annotation_value(
-            annotations,
-            VRAM_REQUEST,
-            resources.vram_request,
-            parse_bytes,
-            format_bytes(resources.vram_request),
+            annotations, VRAM_REQUEST, resources.vram_request, parse_bytes, _canonical_bytes
         )
-        _set_annotation_value(
-            annotations, VRAM_LIMIT, resources.vram_limit, parse_bytes, format_bytes(resources.vram_limit)
-        )
+        _set_annotation_value(annotations, VRAM_LIMIT, resources.vram_limit, parse_bytes, _canonical_bytes)
     if INJECT_CONTAINER not in annotations:
         annotations[INJECT_CONTAINER] = ",".join(injected)
     annotations[CONTAINER_GPU_COUNT] = _container_gpu_counts(annotations, native, injected, gpu_count)

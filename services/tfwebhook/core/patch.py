@@ -6,6 +6,7 @@ equal length element by element, otherwise replaced whole. The output applied to
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any
 
 JsonPatch = list[dict[str, Any]]
@@ -14,6 +15,12 @@ JsonPatch = list[dict[str, Any]]
 def escape_pointer_token(token: str) -> str:
     if "~" not in token and "/" not in token:
         return token
+    return _escaped(token)
+
+
+@lru_cache(maxsize=4096)
+def _escaped(token: str) -> str:
+    """`token` with `~` and `/` escaped; remembered, since a cluster's label and annotation keys repeat."""
     return token.replace("~", "~0").replace("/", "~1")
 
 

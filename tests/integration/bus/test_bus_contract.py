@@ -97,6 +97,22 @@ async def test_same_message_id_published_twice_is_stored_once(under_test: BusUnd
     assert [message.headers["Nats-Msg-Id"] for message in stored] == [str(event.event_id)]
 
 
+async def test_a_batch_is_stored_in_order_once_per_id_with_every_outcome_reported(
+    under_test: BusUnderTest,
+) -> None:
+    events = [a_drained_node(f"node-batch-{number}") for number in range(5)]
+    bus = under_test.bus
+    assert isinstance(bus, NatsEventBus | InMemoryEventBus)
+
+    outcomes = await bus.publish_many([*events, events[1]])
+
+    assert outcomes == [None] * 6
+    stored = await under_test.read_back()
+    assert [message.headers["Nats-Msg-Id"] for message in stored] == [str(event.event_id) for event in events]
+    assert [decode(message.subject, message.payload) for message in stored] == events
+    assert all(message.headers["ce-source"] == "/tfpool/bus-tests" for message in stored)
+
+
 async def test_node_command_goes_to_its_node_subject(under_test: BusUnderTest, node: str) -> None:
     command = StopWorker(
         event_id=uuid4(), occurred_at=NOW, node=node, allocation_id=uuid4(), reason="tfctl run exited"
