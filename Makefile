@@ -31,8 +31,11 @@ lint: $(STAMP) ## ruff, mypy --strict and the import-linter contracts
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-test: lint chromium ## Lint, then every test: unit, integration (real NATS and Postgres) and end to end
+test: lint chromium kubernetes ## Lint, then every test: unit, integration (real NATS, Postgres and Kubernetes) and end to end
 	$(BIN)/pytest
+
+kubernetes: $(STAMP) ## Build the pinned Kubernetes control plane (tools/kubernetes) once into ~/.cache/tfpool/k8s
+	@$(BIN)/python -m tfcommon.kube_local
 
 chromium: ## Debian's Chromium, for the dashboard's browser test (installed once, needs root)
 	@command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) \
@@ -58,4 +61,4 @@ lock: ## Re-pin requirements.lock from requirements.in (needs network)
 clean: ## Remove the virtual environment and local state
 	rm -rf $(VENV) .tf .mypy_cache .ruff_cache
 
-.PHONY: help install run lint test chromium test-unit fmt bench lock clean
+.PHONY: help install run lint test chromium kubernetes test-unit fmt bench lock clean

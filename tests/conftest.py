@@ -3,6 +3,7 @@
 `TF_NATS_URL` / `TF_DATABASE_URL` point the tests at existing servers; when unset (CI, a fresh clone)
 the tests start their own with the same launchers `tfctl up` uses, in a temporary folder. A test that
 stops NATS (a bus outage) uses a server of its own instead: `own_nats`, and `own_nats_bus` to connect.
+`local_kubernetes` is a real Kubernetes control plane, started once per session when a test asks for it.
 `migrated_database_url` is a fresh ledger database for one test, at the newest migration.
 """
 
@@ -11,6 +12,8 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -22,6 +25,7 @@ from sqlalchemy.engine import make_url
 from tfcommon import subjects
 from tfcommon.bus import NatsEventBus
 from tfcommon.infra import EmbeddedNats, EmbeddedPostgres
+from tfcommon.kube_local import LocalKubernetes, ensure_binaries
 from tfcommon.ledger.migrate import upgrade_head
 
 BusOf = Callable[[str], contextlib.AbstractAsyncContextManager[NatsEventBus]]
@@ -80,6 +84,31 @@ def migrated_database_url(postgres_server_url: str) -> Iterator[str]:
     finally:
         with psycopg.connect(_conninfo(postgres_server_url), autocommit=True) as connection:
             connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(scope="session")
+def local_kubernetes(request: pytest.FixtureRequest) -> Iterator[LocalKubernetes]:
+    """etcd, kube-apiserver, kube-controller-manager, kube-scheduler and KWOK from `tools/kubernetes`
+    (built first when missing, with its progress on the terminal), our CRDs applied with kubectl."""
+    capture = request.config.pluginmanager.getplugin("capturemanager")
+    with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
+        bin_dir = ensure_binaries(lambda line: print(line, file=sys.stderr, flush=True))
+    state_dir = Path(tempfile.mkdtemp(prefix="tfpool-test-k8s-"))
+    control_plane = LocalKubernetes(state_dir=state_dir, bin_dir=bin_dir, die_with_parent=True)
+    try:
+        control_plane.start()
+        crds = Path(__file__).resolve().parents[1] / "k8s" / "base" / "crds"
+        kubectl = [str(Path(sys.executable).parent / "kubectl"), f"--kubeconfig={control_plane.kubeconfig}"]
+        subprocess.run([*kubectl, "apply", "--server-side", "-f", str(crds)], check=True, capture_output=True)
+        subprocess.run(
+            [*kubectl, "wait", "--for=condition=Established", "--timeout=60s", "-f", str(crds)],
+            check=True,
+            capture_output=True,
+        )
+        yield control_plane
+    finally:
+        control_plane.stop()
+        shutil.rmtree(state_dir, ignore_errors=True)
 
 
 @pytest.fixture

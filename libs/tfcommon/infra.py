@@ -106,11 +106,12 @@ def die_with_parent(stop_signal: signal.Signals) -> Callable[[], None] | None:
     return arm
 
 
-def _stop_process(
+def stop_process(
     process: subprocess.Popen[bytes] | None,
     stop_signal: signal.Signals = signal.SIGTERM,
     timeout_s: float = 15.0,
 ) -> None:
+    """Send `stop_signal` to a running process and wait `timeout_s` for it, then SIGKILL it."""
     if process is None or process.poll() is not None:
         return
     process.send_signal(stop_signal)
@@ -179,7 +180,7 @@ class EmbeddedNats:
         return self.url
 
     def stop(self) -> None:
-        _stop_process(self.process)
+        stop_process(self.process)
 
 
 @dataclass
@@ -343,4 +344,4 @@ class EmbeddedPostgres:
 
     def stop(self) -> None:
         # SIGINT is Postgres' "fast" shutdown: it does not wait for clients to disconnect.
-        _stop_process(self.process, signal.SIGINT)
+        stop_process(self.process, signal.SIGINT)

@@ -40,7 +40,8 @@ class TlsFiles:
     key_file: Path
 
 
-def _subject_alternative_names(names: Sequence[str]) -> list[x509.GeneralName]:
+def subject_alternative_names(names: Sequence[str]) -> list[x509.GeneralName]:
+    """Each name as an `IPAddress` when it parses as one, else a `DNSName`."""
     alternatives: list[x509.GeneralName] = []
     for name in names:
         try:
@@ -58,7 +59,7 @@ def _still_usable(cert_file: Path, names: Sequence[str], now: datetime) -> bool:
         return False
     if certificate.not_valid_after_utc - now < RENEW_BEFORE:
         return False
-    return all(alternative in covered for alternative in _subject_alternative_names(names))
+    return all(alternative in covered for alternative in subject_alternative_names(names))
 
 
 def generate_self_signed(names: Sequence[str], now: datetime) -> tuple[bytes, bytes]:
@@ -79,7 +80,7 @@ def generate_self_signed(names: Sequence[str], now: datetime) -> tuple[bytes, by
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - timedelta(minutes=5))
         .not_valid_after(now + VALIDITY)
-        .add_extension(x509.SubjectAlternativeName(_subject_alternative_names(names)), critical=False)
+        .add_extension(x509.SubjectAlternativeName(subject_alternative_names(names)), critical=False)
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
         .sign(key, hashes.SHA256())

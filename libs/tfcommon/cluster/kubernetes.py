@@ -305,16 +305,19 @@ class KubernetesCluster:
     # -- leases (leader election) ----------------------------------------------------------------
 
     async def get_lease(self, namespace: str, name: str) -> LeaseRecord | None:
+        lease = await self._read_lease(namespace, name)
+        return _lease_record(lease) if lease is not None else None
+
+    async def _read_lease(self, namespace: str, name: str) -> Any:
         timeout = self.request_timeout_s
         try:
-            lease = await self._leases(
+            return await self._leases(
                 lambda api: api.read_namespaced_lease(name, namespace, _request_timeout=timeout)
             )
         except k8s_client.ApiException as error:
             if error.status == 404:
                 return None
             raise _api_error(error) from error
-        return _lease_record(lease)
 
     async def create_lease(self, namespace: str, name: str, record: LeaseRecord) -> PatchResult:
         body = _lease_body(namespace, name, replace(record, resource_version=""))
@@ -324,13 +327,27 @@ class KubernetesCluster:
         )
 
     async def update_lease(self, namespace: str, name: str, record: LeaseRecord) -> PatchResult:
+        """Replace the Lease only at `record.resource_version`; never create it. The API server's PUT
+        would create a missing Lease (Leases allow create-on-update), so the write carries the stored
+        Lease's uid as a precondition: a deleted Lease is `NotFound`, a recreated one a `Conflict`."""
         if not record.resource_version:
             raise ValueError("update_lease needs the resource_version read with the lease (optimistic write)")
-        body = _lease_body(namespace, name, record)
         timeout = self.request_timeout_s
-        return await self._write_lease(
+        uid = await self._lease_uid(namespace, name)
+        if uid is None:
+            return NotFound(f'leases.coordination.k8s.io "{name}" not found')
+        body = _lease_body(namespace, name, record)
+        body.metadata.uid = uid
+        written = await self._write_lease(
             lambda api: api.replace_namespaced_lease(name, namespace, body, _request_timeout=timeout)
         )
+        if isinstance(written, Conflict) and await self._lease_uid(namespace, name) is None:
+            return NotFound(f'leases.coordination.k8s.io "{name}" not found')
+        return written
+
+    async def _lease_uid(self, namespace: str, name: str) -> str | None:
+        lease = await self._read_lease(namespace, name)
+        return str(lease.metadata.uid or "") if lease is not None else None
 
     async def _write_lease(self, call: Callable[[Any], Any]) -> PatchResult:
         try:

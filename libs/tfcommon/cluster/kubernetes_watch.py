@@ -28,6 +28,18 @@ if TYPE_CHECKING:
 GONE = 410
 
 
+def _deleted_at_once(manifest: dict[str, Any]) -> bool:
+    """The first of the two writes by which the API server deletes a pod with no grace period and no
+    finalizer (`deletionTimestamp` set, then the deletion in the same request): no news, the `DELETED`
+    event follows. A pod left terminating (a grace period, or a finalizer) is delivered as `MODIFIED`."""
+    meta = manifest.get("metadata") or {}
+    return bool(
+        meta.get("deletionTimestamp")
+        and meta.get("deletionGracePeriodSeconds") == 0
+        and not meta.get("finalizers")
+    )
+
+
 @dataclass(frozen=True)
 class _StreamEnded:
     error: BaseException | None = None
@@ -162,6 +174,9 @@ class KubernetesPodWatch:
             self._reflector.bookmark(str(obj.get("metadata", {}).get("resourceVersion", "")))
             return
         if kind not in PodEventType.__members__:
+            return
+        if kind == "MODIFIED" and _deleted_at_once(obj):
+            self._reflector.bookmark(str(obj.get("metadata", {}).get("resourceVersion", "")))
             return
         pod = pod_from_manifest(obj)
         if pod.scheduler_name != self._scheduler_name:

@@ -122,7 +122,12 @@ def namespace_from_manifest(manifest: Manifest) -> Namespace:
     return Namespace(name=str(meta.get("name", "")), labels=_strings(meta.get("labels")))
 
 
+CORDON_TAINT = "node.kubernetes.io/unschedulable"
+"""The taint Kubernetes' node lifecycle controller puts on a cordoned node; `Node.cordoned` carries it."""
+
+
 def node_from_manifest(manifest: Manifest) -> Node:
+    """A node; its taints leave out `CORDON_TAINT`, which only mirrors `spec.unschedulable` (`cordoned`)."""
     meta = _mapping(manifest.get("metadata"))
     spec = _mapping(manifest.get("spec"))
     status = _mapping(manifest.get("status"))
@@ -137,6 +142,7 @@ def node_from_manifest(manifest: Manifest) -> Node:
         taints=tuple(
             Taint(key=str(t.get("key", "")), value=str(t.get("value") or ""), effect=str(t.get("effect", "")))
             for t in spec.get("taints") or ()
+            if t.get("key") != CORDON_TAINT
         ),
         cordoned=bool(spec.get("unschedulable", False)),
         allocatable_cpu_milli=_whole(

@@ -1,7 +1,12 @@
 """Harnesses for the `Cluster` contract (one per adapter, seeded and inspected the same way) and builders.
 
 `MemoryHarness` drives `InMemoryCluster`; `KubernetesHarness` drives `KubernetesCluster` over HTTP against
-kmock with the stateful reactions of `cluster_apiserver`.
+kmock with the stateful reactions of `cluster_apiserver`; `ControlPlaneHarness` drives it against the
+session's real control plane (`tfcommon.kube_local`), seeding and inspecting as the admin.
+
+The builders describe objects a real API server accepts and a real cluster would hold: pods with an
+image and no termination grace period (nothing runs them on the contract's nodes), a bound pod Running
+and Ready as its kubelet would report it, a disruption budget whose spec yields the status it carries.
 """
 
 from __future__ import annotations
@@ -109,24 +114,35 @@ class KubernetesHarness:
 SCHEDULER = "tensor-fusion-scheduler"
 
 
+PAUSE_IMAGE = "registry.k8s.io/pause:3.10"
+
+
 def a_pod(
     name: str,
     *,
     namespace: str = "default",
     scheduler: str = SCHEDULER,
     node: str | None = None,
-    phase: str = "Pending",
+    phase: str | None = None,
     labels: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    spec: dict[str, Any] = {"schedulerName": scheduler, "containers": [{"name": "main"}]}
+    """A pod of `scheduler`; bound to `node`, it is Running and Ready unless `phase` says otherwise."""
+    spec: dict[str, Any] = {
+        "schedulerName": scheduler,
+        "containers": [{"name": "main", "image": PAUSE_IMAGE}],
+        "terminationGracePeriodSeconds": 0,
+    }
     if node:
         spec["nodeName"] = node
+    status: dict[str, Any] = {"phase": phase or ("Running" if node else "Pending")}
+    if status["phase"] == "Running":
+        status["conditions"] = [{"type": "Ready", "status": "True"}]
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": name, "namespace": namespace, "labels": labels or {}},
         "spec": spec,
-        "status": {"phase": phase},
+        "status": status,
     }
 
 
@@ -143,13 +159,20 @@ def a_node(name: str, **spec: Any) -> dict[str, Any]:
     }
 
 
-def a_budget(name: str, app: str, allowed: int) -> dict[str, Any]:
+def a_budget(name: str, app: str, allowed: int, *, healthy: int = 1) -> dict[str, Any]:
+    """A budget over the `app` pods that allows `allowed` disruptions while `healthy` of them are Ready:
+    `minAvailable` is what the disruption controller turns into that status."""
     return {
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
         "metadata": {"name": name, "namespace": "default"},
-        "spec": {"selector": {"matchLabels": {"app": app}}, "minAvailable": 1},
-        "status": {"disruptionsAllowed": allowed, "currentHealthy": 1 + allowed, "desiredHealthy": 1},
+        "spec": {"selector": {"matchLabels": {"app": app}}, "minAvailable": healthy - allowed},
+        "status": {
+            "disruptionsAllowed": allowed,
+            "currentHealthy": healthy,
+            "desiredHealthy": healthy - allowed,
+            "expectedPods": healthy,
+        },
     }
 
 
