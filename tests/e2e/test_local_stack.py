@@ -33,7 +33,7 @@ ORPHAN_DEADLINE_S = 10.0
 
 def survivors(state_dir: Path, processes: list[psutil.Process]) -> list[str]:
     alive = [
-        f"{p.pid} {' '.join(p.cmdline())}"
+        f"{p.pid} {command_line(p)}"
         for p in processes
         if p.is_running() and p.status() != psutil.STATUS_ZOMBIE
     ]
@@ -42,6 +42,15 @@ def survivors(state_dir: Path, processes: list[psutil.Process]) -> list[str]:
         if str(state_dir) in cmdline and candidate.info["status"] != psutil.STATUS_ZOMBIE:
             alive.append(f"{candidate.info['pid']} {cmdline}")
     return alive
+
+
+def command_line(process: psutil.Process) -> str:
+    """The process's command line; empty for one that has exited (a zombie not yet reaped by its
+    parent, e.g. a Postgres worker between its exit and the postmaster's wait)."""
+    try:
+        return " ".join(process.cmdline())
+    except (psutil.ZombieProcess, psutil.NoSuchProcess):
+        return ""
 
 
 @pytest.fixture
@@ -97,7 +106,7 @@ def test_up_serves_every_service_ready_and_sigint_leaves_no_process(
             assert response.json()["status"] == "ready"
     assert next(s for s in services if s["service"] == "webhook")["url"].startswith("https://")
     tree = psutil.Process(process.pid).children(recursive=True)
-    commands = " ".join(" ".join(child.cmdline()) for child in tree)
+    commands = " ".join(command_line(child) for child in tree)
     assert "nats-server" in commands
     assert "postgres" in commands
 
@@ -128,10 +137,10 @@ def test_a_sigkilled_tfctl_up_takes_every_child_with_it_within_seconds(
 ) -> None:
     process, _, state_dir = stack
     tree = psutil.Process(process.pid).children(recursive=True)
-    commands = " ".join(" ".join(child.cmdline()) for child in tree)
+    commands = " ".join(command_line(child) for child in tree)
     assert "nats-server" in commands
     assert "postgres" in commands
-    assert len([child for child in tree if "tfctl.main serve" in " ".join(child.cmdline())]) == 6
+    assert len([child for child in tree if "tfctl.main serve" in command_line(child)]) == 6
 
     process.kill()
     process.communicate(timeout=30)
