@@ -162,20 +162,28 @@ async def run_pull_consumer(
     batch: int = 16,
     fetch_timeout_s: float = 1.0,
     transient_errors: tuple[type[BaseException], ...] = DEFAULT_TRANSIENT_ERRORS,
+    concurrent: bool = False,
 ) -> None:
     """Consume `spec`'s durable consumer (already provisioned) until `stop` is set.
 
     The consumer must exist (`tfcommon.subjects.provision`). Returns after the batch in hand is
     finished; shutdown takes at most `fetch_timeout_s` plus that work. Messages never fetched stay in
-    the stream for the next consumer.
+    the stream for the next consumer. The messages are handled one after another, or, with
+    `concurrent`, about `batch` at once (started in their order, the next fetch not waiting for them),
+    for a handler whose work batches across messages that arrive together; either way each is settled
+    when its own handler returns, and stopping waits for those in hand.
     """
     subscription = await js.pull_subscribe_bind(durable=spec.durable, stream=spec.stream)
     processor = _Processor(spec, handler, bus, service, transient_errors)
     _log.info("consuming", extra={"consumer": spec.durable, "stream": spec.stream, "outcome": "started"})
+    handling: set[asyncio.Task[str]] = set()
     try:
         while not stop.is_set():
+            while len(handling) >= batch:  # a fetch may hand out more than asked (messages it had queued)
+                done, _ = await asyncio.wait(handling, return_when=asyncio.FIRST_COMPLETED)
+                handling -= done  # their callbacks, which discard them too, run a turn later
             try:
-                fetched = await subscription.fetch(batch, timeout=fetch_timeout_s)
+                fetched = await subscription.fetch(batch - len(handling), timeout=fetch_timeout_s)
             except TimeoutError:  # nats.errors.TimeoutError, or asyncio's when the deadline ran out first
                 continue
             except (nats.errors.ConnectionClosedError, ConnectionError) as error:
@@ -187,8 +195,15 @@ async def run_pull_consumer(
                     await asyncio.wait_for(stop.wait(), timeout=fetch_timeout_s)
                 continue
             for msg in fetched:
-                await processor.process(msg)
+                if concurrent:
+                    task = asyncio.create_task(processor.process(msg))
+                    handling.add(task)
+                    task.add_done_callback(handling.discard)
+                else:
+                    await processor.process(msg)
     finally:
+        if handling:
+            await asyncio.gather(*handling, return_exceptions=True)
         with contextlib.suppress(nats.errors.ConnectionClosedError):
             await subscription.unsubscribe()
         _log.info("stopped consuming", extra={"consumer": spec.durable, "outcome": "stopped"})

@@ -80,6 +80,10 @@ SHUTDOWN_TIMEOUT_S = 20.0
 RETRY_INTERVAL_S = 0.5
 UNAVAILABLE_RETRY_AFTER_S = 1
 """`Retry-After` (seconds) of a 503 answered while the database is unreachable."""
+DATABASE_UNAVAILABLE = "the ledger database (Postgres) is unavailable; retry shortly"
+"""The `detail` of that 503."""
+FALLBACK_APP = "tfpool.fallback_app"
+"""The scope key under which a front route finds the service's app (`with_front_routes`)."""
 PORT_WAIT_S = 30.0
 """How long a starting service waits for its port to be released before it gives up."""
 
@@ -254,7 +258,7 @@ def build_app(
             extra={"path": request.url.path, "error": _first_line(error.orig or error), "outcome": "error"},
         )
         return JSONResponse(
-            {"detail": "the ledger database (Postgres) is unavailable; retry shortly"},
+            {"detail": DATABASE_UNAVAILABLE},
             status_code=503,
             headers={"Retry-After": str(UNAVAILABLE_RETRY_AFTER_S)},
         )
@@ -266,9 +270,23 @@ def build_app(
     return app
 
 
+async def request_body(receive: Receive) -> bytes:
+    """The whole body of an HTTP request, for a raw handler (`with_front_routes`)."""
+    chunks: list[bytes] = []
+    more = True
+    while more:
+        message = await receive()
+        chunks.append(message.get("body", b""))
+        more = message.get("more_body", False)
+    return b"".join(chunks)
+
+
 def with_front_routes(app: ASGIApp, routes: Mapping[tuple[str, str], ASGIApp]) -> ASGIApp:
     """`app` behind a dispatcher that hands an HTTP request matching `(method, path)` exactly to its
-    raw handler, skipping the app's middleware stack and routing; everything else goes to `app`."""
+    raw handler, skipping the app's middleware stack and routing; everything else goes to `app`.
+
+    A handler finds `app` as `scope[FALLBACK_APP]`: one that answers only some requests itself hands
+    the others to it (with the body it already read)."""
     if not routes:
         return app
     table = dict(routes)
@@ -277,6 +295,7 @@ def with_front_routes(app: ASGIApp, routes: Mapping[tuple[str, str], ASGIApp]) -
         if scope["type"] == "http":
             handler = table.get((scope["method"], scope["path"]))
             if handler is not None:
+                scope[FALLBACK_APP] = app
                 await handler(scope, receive, send)
                 return
         await app(scope, receive, send)

@@ -8,13 +8,20 @@ Thin: every decision is the `Scheduler`'s.
 from __future__ import annotations
 
 import hmac
+import time
+from collections.abc import MutableMapping
 from typing import Annotated, Any, Literal
 from uuid import UUID, uuid4
 
+import orjson
 from fastapi import APIRouter, Depends, Header, HTTPException, Query, Response
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+from sqlalchemy.exc import OperationalError
+from starlette.types import ASGIApp, Receive, Scope, Send
 from tfcommon.ledger.records import OPERATOR_NODE_LABELS, AllocationRecord, NodeRecord
 from tfcommon.placement import PlacementRequestError
+from tfcommon.runtime import DATABASE_UNAVAILABLE, FALLBACK_APP, UNAVAILABLE_RETRY_AFTER_S, request_body
+from tfcommon.service_metrics import record_request_duration
 
 from tfscheduler.core.quota import with_defaults
 from tfscheduler.core.refusals import (
@@ -61,7 +68,7 @@ def build_router(scheduler: Scheduler, api_token: SecretStr | None) -> APIRouter
     """The `/api/v1` routes over `scheduler`."""
     router = APIRouter(prefix="/api/v1", tags=["scheduler"])
 
-    def require_token(authorization: Annotated[str | None, Header()] = None) -> None:
+    async def require_token(authorization: Annotated[str | None, Header()] = None) -> None:
         if api_token is None:
             raise HTTPException(
                 403,
@@ -208,9 +215,7 @@ def build_router(scheduler: Scheduler, api_token: SecretStr | None) -> APIRouter
             submission = submission.model_copy(
                 update={"workload": submission.workload.model_copy(update={"uid": str(uuid4())})}
             )
-        refusal = await _refusal(scheduler, submission)
-        if refusal is not None:
-            raise HTTPException(422, f"workload refused: {refusal}")
+        await _refuse_what_never_fits(scheduler, submission)
         if submission.takeover is None:
             status = await scheduler.submit(submission)
         else:
@@ -222,10 +227,7 @@ def build_router(scheduler: Scheduler, api_token: SecretStr | None) -> APIRouter
                 if full is not None:
                     raise HTTPException(409, full)
                 status = await scheduler.submit(submission)
-        if status.state == "refused":
-            raise HTTPException(422, f"workload refused: {status.reason}")
-        if status.state != "placed":
-            response.status_code = 202
+        response.status_code = _answer_code(status)
         return status
 
     @router.get("/workloads")
@@ -322,6 +324,105 @@ class NodePatch(BaseModel):
                     f"labels.{key}: {self.labels[key]!r} must be true or false (or null, to remove the label)"
                 )
         return self
+
+
+async def _refuse_what_never_fits(scheduler: Scheduler, submission: Submission) -> None:
+    refusal = await _refusal(scheduler, submission)
+    if refusal is not None:
+        raise HTTPException(422, f"workload refused: {refusal}")
+
+
+def _answer_code(status: WorkloadStatus) -> int:
+    """201 placed, 202 pending; a workload the scheduler refused is a 422 naming the reason."""
+    if status.state == "refused":
+        raise HTTPException(422, f"workload refused: {status.reason}")
+    return 201 if status.state == "placed" else 202
+
+
+SUBMIT_PATH = "/api/v1/workloads"
+_JSON_HEADERS = [(b"content-type", b"application/json")]
+
+
+class SubmitEndpoint:
+    """`POST /api/v1/workloads` as a raw ASGI handler ahead of FastAPI (`Components.front_routes`).
+
+    A request with the right bearer token, a JSON body that is a valid `Submission` with a
+    `workload.uid` and no `takeover` is answered here, as the FastAPI route answers it (201, 202, 422
+    with the same `detail`, 503 while the database is unreachable), without FastAPI's dependency,
+    validation, telemetry and middleware layers, whose CPU time per request was more than the
+    scheduler's own; its latency is still recorded in `tf_http_request_duration_seconds`. Any other
+    request (no or a wrong token, no token configured, an invalid body, no uid, a takeover) goes to
+    the FastAPI route with its body, which answers exactly as before.
+    """
+
+    def __init__(self, scheduler: Scheduler, api_token: SecretStr | None, service: str) -> None:
+        self.scheduler = scheduler
+        self.service = service
+        self._expected = f"Bearer {api_token.get_secret_value()}".encode() if api_token is not None else None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        started = time.perf_counter()
+        body = await request_body(receive)
+        submission = self._fast(scope, body)
+        if submission is None:
+            await scope[FALLBACK_APP](scope, _replaying(body, receive), send)
+            return
+        code, answer = await self._answer(submission)
+        await send({"type": "http.response.start", "status": code, "headers": _headers(answer, code)})
+        await send({"type": "http.response.body", "body": answer})
+        record_request_duration(self.service, "POST", SUBMIT_PATH, code, time.perf_counter() - started)
+
+    def _fast(self, scope: Scope, body: bytes) -> Submission | None:
+        """The submission when this handler answers the request itself, else None."""
+        if self._expected is None:
+            return None
+        headers = dict(scope["headers"])
+        authorization = headers.get(b"authorization")
+        if authorization is None or not hmac.compare_digest(authorization, self._expected):
+            return None
+        if headers.get(b"content-type", b"").split(b";")[0].strip() != b"application/json":
+            return None
+        try:
+            submission = Submission.model_validate_json(body)
+        except ValueError:
+            return None
+        if submission.workload.uid is None or submission.takeover is not None:
+            return None
+        return submission
+
+    async def _answer(self, submission: Submission) -> tuple[int, bytes]:
+        try:
+            await _refuse_what_never_fits(self.scheduler, submission)
+            status = await self.scheduler.submit(submission)
+            return _answer_code(status), status.model_dump_json().encode()
+        except HTTPException as refused:
+            return refused.status_code, orjson.dumps({"detail": refused.detail})
+        except OperationalError:
+            return 503, orjson.dumps({"detail": DATABASE_UNAVAILABLE})
+
+
+def _headers(body: bytes, code: int) -> list[tuple[bytes, bytes]]:
+    headers = [*_JSON_HEADERS, (b"content-length", str(len(body)).encode())]
+    if code == 503:
+        headers.append((b"retry-after", str(UNAVAILABLE_RETRY_AFTER_S).encode()))
+    return headers
+
+
+def _replaying(body: bytes, receive: Receive) -> Receive:
+    """`receive` that hands out `body` (already read) first."""
+    pending = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def replay() -> MutableMapping[str, Any]:
+        return pending.pop() if pending else await receive()
+
+    return replay
+
+
+def front_routes(
+    scheduler: Scheduler, api_token: SecretStr | None, service: str
+) -> dict[tuple[str, str], ASGIApp]:
+    """`POST /api/v1/workloads` served ahead of FastAPI (`SubmitEndpoint`)."""
+    return {("POST", SUBMIT_PATH): SubmitEndpoint(scheduler, api_token, service)}
 
 
 async def _refusal(scheduler: Scheduler, submission: Submission) -> str | None:

@@ -35,7 +35,7 @@ from tfcommon.ledger.outbox import OutboxRelay
 from tfcommon.runtime import Components, ServiceContext, ServiceSpec, freeze_startup_heap, run_service
 from tfcommon.settings import SchedulerKubernetesSettings, SchedulerSettings
 
-from tfscheduler.api import build_router
+from tfscheduler.api import build_router, front_routes
 from tfscheduler.core.quota import NamespaceQuota, QuotaError, parse_quota
 from tfscheduler.engine import Scheduler
 from tfscheduler.inventory import inventory_handler
@@ -43,6 +43,8 @@ from tfscheduler.kubernetes_mode import KubernetesScheduler, wire_kubernetes
 from tfscheduler.submission import Submission
 
 SERVICE = "scheduler"
+SUBMISSIONS_FETCHED = 64
+"""Most `WorkloadSubmitted` messages fetched at once and handed to the engine together."""
 log = logging.getLogger("tfscheduler")
 Tasks = dict[str, Callable[[], Coroutine[Any, Any, None]]]
 
@@ -153,6 +155,8 @@ async def compose(context: ServiceContext[SchedulerSettings]) -> Components:
             bus=context.bus,
             service=SERVICE,
             stop=stop,
+            batch=SUBMISSIONS_FETCHED,
+            concurrent=True,  # submissions fetched together are placed in one batch
         ),
         "track-nodes": lambda: run_pull_consumer(
             context.bus.js,
@@ -168,6 +172,7 @@ async def compose(context: ServiceContext[SchedulerSettings]) -> Components:
     }
     follow_releases = release_tasks(scheduler, context.bus)
     routers = [build_router(scheduler, context.settings.api_token)]
+    front = front_routes(scheduler, context.settings.api_token, SERVICE)
     if isinstance(scheduler, KubernetesScheduler):
         from tfcommon.cluster.kubernetes import KubernetesCluster
 
@@ -191,7 +196,7 @@ async def compose(context: ServiceContext[SchedulerSettings]) -> Components:
         relay = OutboxRelay(context.ledger, context.bus)
         tasks["outbox-relay"] = lambda: relay.run(stop)
     freeze_startup_heap()
-    return Components(routers=routers, tasks=tasks)
+    return Components(routers=routers, tasks=tasks, front_routes=front)
 
 
 def release_tasks(scheduler: Scheduler, bus: NatsEventBus) -> Callable[[asyncio.Event], Tasks]:

@@ -34,6 +34,7 @@ from tfcommon.bus import EventBus
 from tfcommon.config import ConfigSource, TfConfig
 from tfcommon.events import Message, PodAdmitted
 from tfcommon.recommendations import Recommendation
+from tfcommon.runtime import request_body
 
 from tfwebhook.core.admission import (
     AdmissionContext,
@@ -504,13 +505,7 @@ class AdmissionEndpoint:
         self.service = service
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        chunks: list[bytes] = []
-        more = True
-        while more:
-            message = await receive()
-            chunks.append(message.get("body", b""))
-            more = message.get("more_body", False)
-        status, body = await self.service.review(b"".join(chunks))
+        status, body = await self.service.review(await request_body(receive))
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})

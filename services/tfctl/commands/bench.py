@@ -41,12 +41,14 @@ SIZES: dict[str, dict[str, Any]] = {}
 """The sizes each `RUNNERS` entry runs with, recorded in the JSON document."""
 DOCS_PAGE = Path(__file__).resolve().parents[3] / "docs" / "benchmarks.md"
 SCHEDULER_ALL: dict[str, Any] = {
-    "nodes": 1000,
+    "nodes": [1000, 10000],
+    "via": ["in-process", "http", "nats"],
     "gpus_per_node": 8,
     "pods": 5000,
     "concurrency": 64,
     "offered_rate": 200.0,
     "offered_pods": 500,
+    "trace": "default",
 }
 """A quarter of the standalone burst and offered load, so that `make bench` stays near six minutes."""
 
@@ -187,10 +189,10 @@ def _run_all(args: argparse.Namespace) -> int:
 def _run_one(
     name: str, args: argparse.Namespace, run: Callable[[Progress], dict[str, Any]], sizes: dict[str, Any]
 ) -> int:
-    from tfctl.bench_ledger import LedgerBenchmarkError
-    from tfctl.bench_outbox import OutboxBenchmarkError
     from tfwebhook.bench import AdmissionBenchmarkError
 
+    from tfctl.bench_ledger import LedgerBenchmarkError
+    from tfctl.bench_outbox import OutboxBenchmarkError
     from tfctl.bench_targets import TargetError
 
     started_at, started = datetime.now(UTC), time.monotonic()
@@ -216,33 +218,54 @@ def _nats_url() -> str | None:
 
 
 def _scheduler_defaults() -> dict[str, Any]:
-    from tfscheduler.bench import run_scheduler_benchmark
+    return _scheduler(dict(SCHEDULER_ALL), _progress("scheduler", time.monotonic()))
 
-    sizes = SCHEDULER_ALL
-    return run_scheduler_benchmark(
-        int(sizes["nodes"]),
-        int(sizes["gpus_per_node"]),
-        int(sizes["pods"]),
-        concurrency=int(sizes["concurrency"]),
-        offered_rate=float(sizes["offered_rate"]),
-        offered_pods=int(sizes["offered_pods"]),
-        database_url=_database_url(),
-        nats_url=_nats_url(),
-    )
+
+def _scheduler(sizes: Mapping[str, Any], say: Progress) -> dict[str, Any]:
+    from tfscheduler.bench import default_runs, run_scheduler_benchmark
+
+    from tfctl.bench_servers import nats_server, postgres_server, scratch_database
+    from tfctl.bench_targets import DEFAULT_TRACES, gpu_shapes
+
+    shapes = gpu_shapes(Path(sizes.get("traces", DEFAULT_TRACES)), sizes["trace"])
+    with postgres_server(_database_url()) as server_url, nats_server(_nats_url()) as bus_url:
+        return run_scheduler_benchmark(
+            default_runs(sizes["nodes"], sizes["via"]),
+            scratch_database=lambda: scratch_database(server_url, "bench_scheduler"),
+            nats_url=bus_url,
+            shapes=shapes,
+            gpus_per_node=int(sizes["gpus_per_node"]),
+            pods=int(sizes["pods"]),
+            concurrency=int(sizes["concurrency"]),
+            offered_rate=float(sizes["offered_rate"]),
+            offered_pods=int(sizes["offered_pods"]),
+            progress=say,
+        )
 
 
 def _register_scheduler(targets: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from tfscheduler.bench import VIAS
+
     parser = targets.add_parser(
         "scheduler",
-        help="placements/s and p50/p99 from submission to the announced allocation",
-        description="Place PODS pods on simulated nodes through the scheduler engine, the ledger and the "
-        "outbox relay; then offer --offered-pods at --offered-rate per second.",
+        help="placements/s and p50/p99 from submission to the announced allocation, in-process, over "
+        "HTTP and over NATS, against reserve_many in the same batch sizes",
+        description="Place PODS pods on simulated nodes (in-process with one shape; through the "
+        "scheduler service's HTTP API and its NATS consumer with the trace's GPU shapes), then offer "
+        "--offered-pods at --offered-rate per second, latency counted from each intended send time. The "
+        "baseline: the ledger's reserve_many making the same reservations in the scheduler's batch sizes.",
     )
-    parser.add_argument("--nodes", type=int, default=1000, help="simulated nodes (1000)")
-    parser.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node, 100 TFLOPS / 80 GiB (8)")
     parser.add_argument(
-        "--pods", type=int, default=20_000, help="pods of 2 TFLOPS / 2 GiB in the burst (20000)"
+        "--nodes",
+        type=int,
+        action="append",
+        help="simulated nodes, repeatable: every --via at the first count, http at the others (1000, 10000)",
     )
+    parser.add_argument(
+        "--via", action="append", choices=VIAS, help="how pods are submitted, repeatable (all three)"
+    )
+    parser.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node, 100 TFLOPS / 80 GiB (8)")
+    parser.add_argument("--pods", type=int, default=20_000, help="pods in the burst (20000)")
     parser.add_argument("--concurrency", type=int, default=64, help="submissions in flight in the burst (64)")
     parser.add_argument(
         "--offered-rate", type=float, default=200.0, help="submissions per second offered (200)"
@@ -250,46 +273,34 @@ def _register_scheduler(targets: argparse._SubParsersAction[argparse.ArgumentPar
     parser.add_argument(
         "--offered-pods", type=int, default=2_000, help="pods offered at that rate; 0 skips (2000)"
     )
+    _trace_options(parser)
     parser.add_argument("--json", action="store_true", help="print JSON for scripts")
-    parser.set_defaults(handler=_run_scheduler)
+    parser.set_defaults(handler=_run_scheduler, nodes=None, via=None)
     RUNNERS["scheduler"] = _scheduler_defaults
     SIZES["scheduler"] = SCHEDULER_ALL
 
 
 def _run_scheduler(args: argparse.Namespace) -> int:
-    from tfscheduler.bench import BenchmarkError, run_scheduler_benchmark
+    from tfscheduler.bench import BenchmarkError
 
+    from tfctl.bench_targets import TargetError
+
+    sizes = {
+        "nodes": args.nodes or SCHEDULER_ALL["nodes"],
+        "via": args.via or SCHEDULER_ALL["via"],
+        "gpus_per_node": args.gpus_per_node,
+        "pods": args.pods,
+        "concurrency": args.concurrency,
+        "offered_rate": args.offered_rate,
+        "offered_pods": args.offered_pods,
+        "traces": str(args.traces),
+        "trace": args.trace,
+    }
     try:
-        result = run_scheduler_benchmark(
-            args.nodes,
-            args.gpus_per_node,
-            args.pods,
-            concurrency=args.concurrency,
-            offered_rate=args.offered_rate,
-            offered_pods=args.offered_pods,
-            database_url=_database_url(),
-            nats_url=_nats_url(),
-        )
-    except BenchmarkError as error:
+        return _run_one("scheduler", args, lambda say: _scheduler(sizes, say), sizes)
+    except (BenchmarkError, TargetError) as error:
         print(f"tfctl bench scheduler: {error}", file=sys.stderr)
         return USAGE_ERROR
-    if args.json:
-        print(json.dumps(result, indent=2))
-        return 0
-    print(
-        f"burst: {result['placed']} pods on {result['nodes']} nodes x {result['gpus_per_node']} GPUs: "
-        f"{result['placements_per_second']} placements/s, "
-        f"p50 {result['p50_ms']} ms, p99 {result['p99_ms']} ms"
-    )
-    offered = result.get("offered")
-    if offered:
-        print(
-            f"offered {offered['rate_per_second']}/s: {offered['placed']} pods, "
-            f"p50 {offered['p50_ms']} ms, p99 {offered['p99_ms']} ms"
-        )
-    baseline = result["baseline_raw_reserve"]
-    print(f"baseline: {baseline['reserves_per_second']} raw ledger reserve() calls/s, one at a time")
-    return 0
 
 
 def _add_target(

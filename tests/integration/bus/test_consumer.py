@@ -303,3 +303,48 @@ async def test_long_work_is_not_redelivered_to_another_replica(
     assert info.num_redelivered == 0
     assert seen == [command.event_id]
     assert outcomes(caplog, command.event_id) == [(1, "acked")]
+
+
+async def test_a_concurrent_consumer_handles_messages_together_and_loses_none(
+    nats_bus: NatsEventBus, consumer_spec: ConsumerSpec, node: str
+) -> None:
+    commands = [a_command(node) for _ in range(120)]
+    for command in commands[:60]:  # a backlog: the window of 16 fills at once
+        await nats_bus.publish(command)
+    seen: list[UUID] = []
+    in_hand = most_in_hand = 0
+
+    async def slow(message: Message) -> Sequence[Message]:
+        nonlocal in_hand, most_in_hand
+        in_hand += 1
+        most_in_hand = max(most_in_hand, in_hand)
+        await asyncio.sleep(0.02)  # a batch placing the submissions that came together
+        in_hand -= 1
+        seen.append(message.event_id)
+        return ()
+
+    stop = asyncio.Event()
+    task = asyncio.create_task(
+        run_pull_consumer(
+            nats_bus.js,
+            consumer_spec,
+            slow,
+            bus=nats_bus,
+            service="bus-tests",
+            stop=stop,
+            batch=16,
+            fetch_timeout_s=0.2,
+            concurrent=True,
+        )
+    )
+    started = time.monotonic()
+    await _publish_all(nats_bus, commands[60:])
+    await eventually(lambda: _async_true(len(seen) == len(commands)), "every message handled")
+    elapsed = time.monotonic() - started
+    await eventually(lambda: settled(nats_bus, consumer_spec), "every ack")
+    stop.set()
+    await asyncio.wait_for(task, timeout=DEADLINE_S)
+
+    assert sorted(seen) == sorted(command.event_id for command in commands)
+    assert 16 <= most_in_hand < 32
+    assert elapsed < len(commands) * 0.02 / 2, "handled one after another"

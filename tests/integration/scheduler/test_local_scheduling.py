@@ -11,6 +11,7 @@ from typing import Any
 from uuid import uuid4
 
 import pytest
+import sqlalchemy as sa
 from nats.aio.msg import Msg
 from scheduler_builders import (
     GIB,
@@ -121,6 +122,32 @@ async def test_never_places_on_cordoned_silent_or_draining_nodes(
     assert "1 node agent heartbeats stopped" in status.reason
     assert "1 node being drained by the defrag planner" in status.reason
     assert silent in scheduler.blocked
+
+
+@pytest.mark.parametrize("section", ["labels", "annotations"])
+async def test_a_node_marked_for_draining_after_start_is_blocked_at_the_next_check_and_freed_after(
+    ledger: SqlLedger, bus: NatsEventBus, section: str
+) -> None:
+    (node,) = await register_nodes(ledger, nodes=1, gpus=1)
+    scheduler = Scheduler(ledger, bus, heartbeat_timeout=LONG)
+    await scheduler.start()
+    marker = sa.text(f"UPDATE node SET {section} = {section} || :marker WHERE name = :node")
+    async with ledger.engine.begin() as connection:
+        await connection.execute(
+            marker, {"marker": '{"tensor-fusion.ai/defrag-source": "true"}', "node": node}
+        )
+    await scheduler.recheck_nodes()
+    assert scheduler.blocked.get(node, "").startswith("node being drained by the defrag planner")
+    assert (await scheduler.submit(a_submission())).state == "pending"
+
+    unmark = sa.text(
+        f"UPDATE node SET {section} = {section} - 'tensor-fusion.ai/defrag-source' WHERE name = :node"
+    )
+    async with ledger.engine.begin() as connection:
+        await connection.execute(unmark, {"node": node})
+    await scheduler.recheck_nodes()
+    assert node not in scheduler.blocked
+    assert (await scheduler.submit(a_submission())).state == "placed"
 
 
 async def test_namespace_quota_keeps_a_pod_pending_until_usage_falls(

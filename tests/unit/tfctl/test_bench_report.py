@@ -150,3 +150,62 @@ def test_the_webhook_figures_name_the_shortcut_path_and_the_path_users_hit_each_
     p99 = figures["admission p99, 10 clients, distinct openb pods, JetStream, Postgres pod index"]
     assert (p99["value"], p99["baseline_value"]) == (4.0, 3.0)
     assert len(figures) == 4
+
+
+def test_the_online_replay_is_reported_against_the_same_policy_learning_from_the_whole_trace() -> None:
+    means = {"placements_per_second": 600.0}
+    result = {
+        "reference_policy": "bestfit",
+        "replay": {
+            "summary": {
+                "tfpool-rollout": {**means, "allocated_at_130": 0.96, "unallocated_gpus_at_130": 248.9},
+                "bestfit": {**means, "allocated_at_130": 0.93, "unallocated_gpus_at_130": 437.8},
+                "tfpool-rollout (online)": {
+                    **means,
+                    "allocated_at_130": 0.955,
+                    "unallocated_gpus_at_130": 280.0,
+                },
+            }
+        },
+        "latency": {},
+    }
+
+    found = {entry["name"]: entry for entry in figures_of("placement", result)}
+
+    online = found["`tfpool-rollout`, target learned online (arrived pods only): unallocated GPUs at 130%"]
+    assert (online["value"], online["baseline_value"], online["ratio"]) == (280.0, 248.9, 1.125)
+    assert online["baseline"] == "target learned from the whole trace, same seeds"
+    assert "`tfpool-rollout`, whole-trace target allocated at 130% arrived" in found
+    assert "`bestfit` allocated at 130% arrived" in found
+
+
+def a_scheduler_run(via: str, nodes: int, mixed: bool, placements: float) -> dict[str, object]:
+    return {
+        "via": via,
+        "nodes": nodes,
+        "mixed_shapes": mixed,
+        "burst": {"placements_per_second": placements, "p99_ms": 180.0},
+        "offered": {"rate_per_second": 200.0, "p99_ms": 35.5},
+        "baseline_reserve_many": {"reservations_per_second": 2000.0, "batch_size_mean": 31.2},
+    }
+
+
+def test_each_scheduler_run_is_named_by_its_way_in_and_compared_with_reserve_many() -> None:
+    result = {
+        "runs": [
+            a_scheduler_run("in-process", 1000, False, 760.0),
+            a_scheduler_run("http", 10000, True, 500.0),
+        ]
+    }
+
+    figures = {found["name"]: found for found in figures_of("scheduler", result)}
+
+    shortcut = figures["burst of placements, via: in-process, one shape, 1,000 nodes (shortcut path)"]
+    assert (shortcut["ratio"], shortcut["baseline"]) == (
+        0.38,
+        "ledger reserve_many alone, the scheduler's batch sizes (mean 31.2)",
+    )
+    assert figures["burst of placements, via: http, openb shapes, 10,000 nodes"]["ratio"] == 0.25
+    offered = "p99 from intended send to announced at 200/s offered, via: http, openb shapes, 10,000 nodes"
+    assert figures[offered]["value"] == 35.5
+    assert len(figures) == 6
