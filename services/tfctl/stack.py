@@ -211,7 +211,7 @@ class Stack:
             return 0
         await asyncio.to_thread(ensure_self_signed, self.options.state_dir / "certs")
         self.api_token, self.token_source = ensure_api_token(self.options.state_dir)
-        self.children = plan_children(self.options)
+        self.children = await self._plan_children()
         await asyncio.gather(*(self._spawn(child) for child in self.children))
         _say(f"started {len(self.children)} services; waiting for /readyz")
         if not await self._wait_until_ready():
@@ -219,6 +219,14 @@ class Stack:
         self._print_summary(time.monotonic() - started_at)
         await self._supervise()
         return 1 if self.crashed else 0
+
+    async def _plan_children(self) -> list[Child]:
+        """The children to start (a subclass prepares what they need first)."""
+        return plan_children(self.options)
+
+    def _summary_extra(self) -> dict[str, Any]:
+        """Entries a subclass adds to the `--json` summary (and prints as `key: value` lines)."""
+        return {}
 
     async def _start_infrastructure(self) -> None:
         state_dir = self.options.state_dir
@@ -389,6 +397,7 @@ class Stack:
                     "source": self.token_source,
                     "file": None if self.token_source == "environment" else str(token_file),
                 },
+                **self._summary_extra(),
             }
             print(json.dumps(summary), file=self.out, flush=True)
             return
@@ -416,6 +425,8 @@ class Stack:
                 f"elsewhere: export TF_API_TOKEN=$(cat {token_file})",
                 file=self.out,
             )
+        for key, value in self._summary_extra().items():
+            print(f"{key}: {value}", file=self.out)
         print("Ctrl-C stops everything.", file=self.out, flush=True)
 
     async def _stop_children(self) -> bool:

@@ -1,6 +1,7 @@
 """`tfctl up`: the whole local control plane in the foreground (what `make run` calls).
 
-Parses and checks the options, then hands over to `tfctl.stack`; Ctrl-C stops everything in order.
+Parses and checks the options, then hands over to `tfctl.stack` (`tfctl.kube_stack` with
+`--kubernetes`); Ctrl-C stops everything in order.
 """
 
 from __future__ import annotations
@@ -42,13 +43,20 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--host", default="127.0.0.1", help="address the services bind (default 127.0.0.1)")
     parser.add_argument("--json", action="store_true", help="print the endpoints as one JSON object")
     parser.add_argument(
+        "--kubernetes",
+        action="store_true",
+        help="also run a local Kubernetes control plane (etcd, kube-apiserver, KWOK nodes) with the "
+        "production manifests, and the services in Kubernetes mode, each with its own service account",
+    )
+    parser.add_argument(
         "--ready-timeout", type=float, default=60.0, metavar="SECONDS", help="wait this long for /readyz"
     )
     parser.set_defaults(handler=handle)
 
 
 def handle(args: argparse.Namespace) -> int:
-    from tfctl.stack import DEFAULT_NODES, StackOptions, parse_fake_gpus, run
+    from tfctl import kube_stack, stack
+    from tfctl.stack import DEFAULT_NODES, StackOptions, parse_fake_gpus
 
     try:
         nodes = [parse_fake_gpus(value) for value in args.fake_gpus or DEFAULT_NODES]
@@ -63,4 +71,4 @@ def handle(args: argparse.Namespace) -> int:
         json_output=args.json,
         ready_timeout_s=args.ready_timeout,
     )
-    return run(options)
+    return (kube_stack.run if args.kubernetes else stack.run)(options)
