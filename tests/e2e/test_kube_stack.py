@@ -1,0 +1,181 @@
+"""`tfctl up --kubernetes` end to end, with kubectl as a user types it.
+
+One stack (a real control plane from the built binaries, KWOK nodes, the five services in Kubernetes
+mode with their own service accounts) in a temporary state dir on free ports: the simulated nodes are
+Ready, the agents' GPUNode and GPU objects are there, a pod asking for a GPU share is mutated by our
+webhook and bound by our scheduler, and SIGINT leaves no process behind.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil  # type: ignore[import-untyped]
+import pytest
+from stack_up import read_summary, stack_environment
+from test_local_stack import command_line, survivors
+
+pytestmark = pytest.mark.e2e
+
+KUBECTL = str(Path(sys.executable).parent / "kubectl")
+NAMESPACE = "team"
+WAIT_S = 30.0
+UP = (sys.executable, "-m", "tfctl.main", "up", "--kubernetes", "--ports", "auto", "--json")
+
+
+def kubectl(kubeconfig: str, *arguments: str, stdin: str | None = None) -> str:
+    result = subprocess.run(
+        [KUBECTL, f"--kubeconfig={kubeconfig}", *arguments],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 0, f"kubectl {' '.join(arguments)}: {result.stderr}"
+    return result.stdout
+
+
+def kubectl_json(kubeconfig: str, *arguments: str) -> dict[str, Any]:
+    decoded: dict[str, Any] = json.loads(kubectl(kubeconfig, *arguments, "-o", "json"))
+    return decoded
+
+
+def eventually(what: str, check: Any) -> Any:
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        result = check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not within {WAIT_S:.0f}s")
+        time.sleep(0.5)
+
+
+@pytest.fixture
+def kube_stack() -> Iterator[tuple[subprocess.Popen[str], dict[str, Any], Path]]:
+    folder = Path(tempfile.mkdtemp(prefix="tfpool-e2e-k8s-"))
+    state_dir = folder / "state"
+    process = subprocess.Popen(
+        [*UP, "--state-dir", str(state_dir)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=stack_environment(),
+    )
+    try:
+        yield process, read_summary(process, timeout_s=60), state_dir
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGINT)
+            process.communicate(timeout=60)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def audited_requests(state_dir: Path) -> tuple[set[str], list[str]]:
+    """Our service accounts seen in the API server's audit log, and (user, verb, resource) of each of
+    their requests it refused (403)."""
+    audit_log = state_dir / "kubernetes" / "logs" / "audit.log"
+    users: set[str] = set()
+    denied = []
+    for line in audit_log.read_text().splitlines():
+        event = json.loads(line)
+        user = event["user"]["username"]
+        if not user.startswith("system:serviceaccount:tfpool-system:"):
+            continue
+        users.add(user.removeprefix("system:serviceaccount:tfpool-system:"))
+        if event["responseStatus"]["code"] == 403:
+            target = event.get("objectRef", {})
+            denied.append(f"{user} {event['verb']} {target.get('resource')}/{target.get('subresource', '')}")
+    return users, denied
+
+
+def share_pod(name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": NAMESPACE,
+            "labels": {"app": name, "tensor-fusion.ai/enabled": "true"},
+            "annotations": {
+                "tensor-fusion.ai/tflops-request": "10",
+                "tensor-fusion.ai/tflops-limit": "10",
+                "tensor-fusion.ai/vram-request": "4Gi",
+                "tensor-fusion.ai/vram-limit": "4Gi",
+            },
+        },
+        "spec": {"containers": [{"name": "app", "image": "vllm"}]},
+    }
+
+
+def test_up_kubernetes_runs_the_production_path_and_sigint_leaves_no_process(
+    kube_stack: tuple[subprocess.Popen[str], dict[str, Any], Path],
+) -> None:
+    process, summary, state_dir = kube_stack
+    kubeconfig = summary["kubeconfig"]
+    assert Path(kubeconfig).is_file()
+    agents = {s["node"] for s in summary["services"] if s["service"] == "node-agent"}
+    assert agents == {"sim-node-1", "sim-node-2"}
+
+    def ready_nodes() -> set[str]:
+        nodes = kubectl_json(kubeconfig, "get", "nodes")["items"]
+        return {
+            node["metadata"]["name"]
+            for node in nodes
+            if any(
+                c["type"] == "Ready" and c["status"] == "True" for c in node["status"].get("conditions", [])
+            )
+        }
+
+    assert eventually("both KWOK nodes Ready", lambda: ready_nodes() == agents)
+    gpu_nodes = eventually(
+        "the agents' GPUNodes",
+        lambda: {i["metadata"]["name"] for i in kubectl_json(kubeconfig, "get", "gpunodes")["items"]},
+    )
+    assert gpu_nodes == agents
+    gpus = eventually("the agents' GPUs", lambda: kubectl_json(kubeconfig, "get", "gpus")["items"])
+    assert len(gpus) == 8, "H100:4 and A100-80G:4 by default"
+
+    kubectl(kubeconfig, "create", "namespace", NAMESPACE)
+    eventually(
+        "the namespace's default service account",
+        lambda: (
+            subprocess.run(
+                [KUBECTL, f"--kubeconfig={kubeconfig}", "get", "serviceaccount", "default", "-n", NAMESPACE],
+                capture_output=True,
+            ).returncode
+            == 0
+        ),
+    )
+    kubectl(kubeconfig, "apply", "-f", "-", stdin=json.dumps(share_pod("share")))
+
+    def running_pod() -> dict[str, Any] | None:
+        pod = kubectl_json(kubeconfig, "get", "pod", "share", "-n", NAMESPACE)
+        return pod if pod["status"].get("phase") == "Running" else None
+
+    pod = eventually("the pod Running on a KWOK node", running_pod)
+    assert pod["spec"]["schedulerName"] == "tensor-fusion-scheduler", "mutated by our webhook"
+    assert pod["spec"]["nodeName"] in agents
+    gpu_ids = pod["metadata"]["annotations"]["tensor-fusion.ai/gpu-ids"]
+    assert set(gpu_ids.split(",")) <= {gpu["metadata"]["name"] for gpu in gpus}, gpu_ids
+    users, denied = audited_requests(state_dir)
+    assert {"tfpool-scheduler", "tfpool-defrag-planner", "tfpool-node-agent"} <= users, users
+    assert denied == [], "a ClusterRole lacks a verb a service uses"
+
+    tree = psutil.Process(process.pid).children(recursive=True)
+    commands = " ".join(command_line(child) for child in tree)
+    for program in ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok"):
+        assert program in commands
+    process.send_signal(signal.SIGINT)
+    _, errors = process.communicate(timeout=90)
+    assert process.returncode == 0, errors
+    assert survivors(state_dir, tree) == []
