@@ -116,11 +116,27 @@ def _placement(result: Mapping[str, Any]) -> list[Figure]:
     base = summary.get(reference, {})
     found = []
     for name, means in summary.items():
-        allocated = means["allocated_at_130"]
-        found.append(figure(f"`{name}` allocated at 130% arrived", _percent(allocated), "%"))
-        found.append(
-            figure(f"`{name}` unallocated GPUs at 130%", _round(means["unallocated_gpus_at_130"]), "GPUs")
-        )
+        policy_name, _, learned = name.partition(" (")
+        from_trace = summary.get(policy_name) if learned else None
+        if from_trace is None:
+            label = f"`{name}`" + (", whole-trace target" if f"{name} (online)" in summary else "") + " "
+        else:
+            label = f"`{policy_name}`, target learned online (arrived pods only): "
+        for field, title, unit, rounded in (
+            ("allocated_at_130", "allocated at 130% arrived", "%", _percent),
+            ("unallocated_gpus_at_130", "unallocated GPUs at 130%", "GPUs", _round),
+        ):
+            found.append(
+                figure(
+                    f"{label}{title}",
+                    rounded(means[field]),
+                    unit,
+                    baseline=None
+                    if from_trace is None
+                    else "target learned from the whole trace, same seeds",
+                    baseline_value=None if from_trace is None else rounded(from_trace[field]),
+                )
+            )
         if name != reference:
             found.append(
                 figure(

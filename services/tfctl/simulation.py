@@ -6,6 +6,11 @@ the original list until the next one would pass `inflate` x GPU capacity; no dep
 fits nowhere fails and is not retried. Each node gets a random name prefix from the seed, so equal
 scores go to nodes in a fixed, seed-dependent order (first fit among equals, as the paper's
 simulator does). `gpu_milli` maps to the same share of each GPU's TFLOPS and VRAM.
+
+The fragmentation-aware policies place against a target workload. `learn="trace"` (the paper's
+protocol) learns it once from the whole pod list, before the first arrival; `learn="online"` learns
+it as the scheduler does in production (`OnlineLearning`): only from the pods that arrived before
+each one. The fragmentation rate is measured against the whole list's target in both modes.
 """
 
 from __future__ import annotations
@@ -15,8 +20,8 @@ import random
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +33,7 @@ from tfcommon.placement import (
     Placement,
     PlacementRequest,
     PluginArgs,
+    Rejection,
     cluster_fragmentation,
     place,
     policy,
@@ -40,6 +46,8 @@ UNKNOWN_MODEL_VRAM_BYTES = 32 * GIB
 NODE_COLUMNS = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
 POD_COLUMNS = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli")
 FRAGMENTATION_SAMPLE_AT = 0.90
+LEARN_MODES = ("trace", "online")
+"""Where the target workload comes from: the whole pod list up front, or the arrivals so far."""
 
 
 class TraceError(ValueError):
@@ -198,12 +206,16 @@ class ReplayResult:
     fragmentation_rate_at_90: float | None
     seconds: float
     idle_at_end: tuple[tuple[int, int], ...] = ()
+    learn: str = "trace"
+    targets_learned: int = 1
 
     def as_json(self) -> dict[str, Any]:
         allocated_at_130 = self.curve.get(130)
         return {
             "policy": self.policy,
             "seed": self.seed,
+            "learn": self.learn,
+            "targets_learned": self.targets_learned,
             "gpus": self.gpus,
             "pods": self.pods,
             "allocated_at_100": self.curve.get(100),
@@ -223,6 +235,101 @@ class ReplayResult:
         }
 
 
+class TraceLearning:
+    """The paper's protocol: one target learned from the whole pod list before the first arrival."""
+
+    def __init__(self, policy_name: str, pods: Iterable[TracePod], base: PluginArgs) -> None:
+        self.args = _with_cluster(PluginArgs.learned_from(to_request(pod) for pod in pods), base)
+        self.profile = policy(policy_name, self.args)
+        self.targets_learned = 1
+
+    def arrived(self, request: PlacementRequest) -> bool:
+        """Nothing is learned from arrivals; the profile never changes."""
+        return False
+
+
+class OnlineLearning:
+    """The target learned as the scheduler learns it (`tfscheduler.core.learning`, with the engine's
+    window and cadence): from the requests placed so far, relearned at 1, 2, 4, ... arrivals and
+    then every `RELEARN_EVERY`, and a new policy only when the mix moved by more than the
+    scheduler's tolerance. Before the first arrival the target is empty, as in a fresh scheduler."""
+
+    def __init__(
+        self,
+        policy_name: str,
+        base: PluginArgs,
+        *,
+        window: int | None = None,
+        relearn_every: int | None = None,
+    ) -> None:
+        from tfscheduler.core.learning import RecentWorkload
+        from tfscheduler.engine import RECENT_REQUESTS, RELEARN_EVERY
+
+        self.policy_name = policy_name
+        self.base = base
+        self.args = base
+        self.profile = policy(policy_name, self.args)
+        self.targets_learned = 0
+        self._recent = RecentWorkload(window or RECENT_REQUESTS, relearn_every or RELEARN_EVERY)
+
+    def arrived(self, request: PlacementRequest) -> bool:
+        """Count `request` (after its placement); True when a new profile now places the next ones."""
+        from tfscheduler.core.learning import same_target
+
+        self._recent.add(request)
+        if not self._recent.due():
+            return False
+        learned = _with_cluster(self._recent.learn(), self.base)
+        if same_target(self.args, learned):
+            return False
+        self.args = learned
+        self.profile = policy(self.policy_name, learned)
+        self.targets_learned += 1
+        return True
+
+
+Learning = TraceLearning | OnlineLearning
+
+
+def _with_cluster(learned: PluginArgs, base: PluginArgs) -> PluginArgs:
+    """`learned`'s targets with `base`'s seed and cluster maxima."""
+    return replace(
+        learned, seed=base.seed, max_cpu_milli=base.max_cpu_milli, max_gpu_share=base.max_gpu_share
+    )
+
+
+def learning_for(
+    learn: str, policy_name: str, pods: Sequence[TracePod], nodes: Sequence[Node], seed: int
+) -> Learning:
+    """The learning mode `learn` (one of `LEARN_MODES`) for `policy_name` on `nodes`."""
+    base = PluginArgs(
+        seed=seed,
+        max_cpu_milli=max(node.cpu_milli for node in nodes),
+        max_gpu_share=WHOLE_GPU_SHARE * max(len(node.gpus) for node in nodes),
+    )
+    if learn == "trace":
+        return TraceLearning(policy_name, pods, base)
+    if learn == "online":
+        return OnlineLearning(policy_name, base)
+    raise ValueError(f"learn is {learn!r}; use one of {', '.join(LEARN_MODES)}")
+
+
+def place_arrivals(
+    nodes: Sequence[Node], stream: Sequence[tuple[str, TracePod]], learning: Learning
+) -> Iterator[tuple[TracePod, Placement | Rejection, ClusterView]]:
+    """Place each arrival in order with `learning`'s current profile, applying what fits; yields the
+    pod, its outcome and the cluster after it."""
+    view = ClusterView(nodes)
+    for name, pod in stream:
+        request = to_request(pod, name)
+        outcome = place(request, view, learning.profile)
+        if isinstance(outcome, Placement):
+            view.apply(outcome)
+        yield pod, outcome, view
+        if learning.arrived(request):
+            view = ClusterView(view.nodes.values())  # the old profile's memos go with it
+
+
 def replay(
     trace_nodes: Sequence[TraceNode],
     pods: Sequence[TracePod],
@@ -231,33 +338,28 @@ def replay(
     *,
     inflate: float = 1.3,
     on_progress: Callable[[int, int], None] | None = None,
+    learn: str = "trace",
 ) -> ReplayResult:
-    """Replay one trace with one policy and seed. `on_progress(done, total)` is called every 256 pods."""
+    """Replay one trace with one policy and seed, the target learned as `learn` says (`LEARN_MODES`).
+    `on_progress(done, total)` is called every 256 pods."""
     nodes = build_nodes(trace_nodes, seed)
     capacity = WHOLE_GPU_SHARE * sum(len(node.gpus) for node in nodes)
-    args = PluginArgs.learned_from(
-        (to_request(pod) for pod in pods),
-        seed=seed,
-        max_cpu_milli=max(node.cpu_milli for node in nodes),
-        max_gpu_share=WHOLE_GPU_SHARE * max(len(node.gpus) for node in nodes),
-    )
-    profile = policy(policy_name, args)
-    view = ClusterView(nodes)
+    learning = learning_for(learn, policy_name, pods, nodes, seed)
+    measured_against = PluginArgs.learned_from(to_request(pod) for pod in pods).target
     stream = arrivals(pods, capacity, inflate, seed)
     buckets: dict[int, list[float]] = {}
     requested = allocated = failed = 0
     fragmentation_rate: float | None = None
+    view = ClusterView(nodes)
     started = time.perf_counter()
-    for position, (name, pod) in enumerate(stream):
-        outcome = place(to_request(pod, name), view, profile)
+    for position, (pod, outcome, view) in enumerate(place_arrivals(nodes, stream, learning)):
         if isinstance(outcome, Placement):
-            view.apply(outcome)
             allocated += pod.gpu_demand
         else:
             failed += 1
         requested += pod.gpu_demand
         if fragmentation_rate is None and requested >= FRAGMENTATION_SAMPLE_AT * capacity:
-            fragmentation_rate = cluster_fragmentation(view.nodes.values(), args.target).rate
+            fragmentation_rate = cluster_fragmentation(view.nodes.values(), measured_against).rate
         buckets.setdefault(round(100 * requested / capacity), []).append(allocated / capacity)
         if on_progress is not None and position % 256 == 255:
             on_progress(position + 1, len(stream))
@@ -275,6 +377,8 @@ def replay(
         fragmentation_rate,
         seconds,
         idle_cards_by_free_share(view.nodes.values()),
+        learn,
+        learning.targets_learned,
     )
 
 
@@ -309,10 +413,16 @@ def replay_benchmark(
     return {"runs": runs, "summary": summarize(runs)}
 
 
+def run_label(run: dict[str, Any]) -> str:
+    """A replay's policy, with `(online)` when its target was learned online."""
+    return run["policy"] if run.get("learn", "trace") == "trace" else f"{run['policy']} ({run['learn']})"
+
+
 def summarize(runs: Sequence[dict[str, Any]]) -> dict[str, dict[str, float | None]]:
+    """Per `run_label`, the means over its seeds of the headline figures."""
     summary: dict[str, dict[str, float | None]] = {}
-    for name in dict.fromkeys(run["policy"] for run in runs):
-        mine = [run for run in runs if run["policy"] == name]
+    for name in dict.fromkeys(run_label(run) for run in runs):
+        mine = [run for run in runs if run_label(run) == name]
         summary[name] = {
             field: _mean([run[field] for run in mine])
             for field in (
@@ -475,10 +585,10 @@ def benchmark_markdown(runs: Sequence[dict[str, Any]]) -> str:
     policy (means over seeds), then allocation at 130% for every trace and policy."""
     by_cell: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for run in runs:
-        by_cell.setdefault((run.get("trace", "?"), run["policy"]), []).append(run)
+        by_cell.setdefault((run.get("trace", "?"), run_label(run)), []).append(run)
     traces = [t for t in PUBLISHED_FGD_AT_130 if any(key[0] == t for key in by_cell)]
     traces += sorted({t for t, _ in by_cell} - set(traces))
-    policies = list(dict.fromkeys(run["policy"] for run in runs))
+    policies = list(dict.fromkeys(run_label(run) for run in runs))
     lines = [
         "| policy | seeds | alloc @100% | alloc @130% | unallocated GPUs @130% | frag. rate @90% "
         "| failed pods | s/run |",

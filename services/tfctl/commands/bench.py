@@ -402,6 +402,7 @@ def _register_placement(targets: argparse._SubParsersAction[argparse.ArgumentPar
         "policies": [DEFAULT_POLICY, "tfpool", "bestfit", "fgd"],
         "seeds": 3,
         "latency_placements": 2000,
+        "online": True,
     }
 
     def options(parser: argparse.ArgumentParser) -> None:
@@ -421,6 +422,12 @@ def _register_placement(targets: argparse._SubParsersAction[argparse.ArgumentPar
             default=2000,
             help="timed placements on 1,000 nodes, first policy and bestfit (2000)",
         )
+        parser.add_argument(
+            "--no-online",
+            dest="online",
+            action="store_false",
+            help="skip replaying the first policy with its target learned online (arrived pods only)",
+        )
         parser.set_defaults(policies=None)
 
     def run(sizes: dict[str, Any], say: Progress) -> dict[str, Any]:
@@ -433,6 +440,7 @@ def _register_placement(targets: argparse._SubParsersAction[argparse.ArgumentPar
             policies=sizes["policies"],
             seeds=sizes["seeds"],
             latency_placements=sizes["latency_placements"],
+            online=sizes["online"],
             progress=say,
         )
         sizes["traces"] = str(sizes["traces"])
@@ -441,7 +449,8 @@ def _register_placement(targets: argparse._SubParsersAction[argparse.ArgumentPar
     _add_target(
         targets,
         "placement",
-        "allocation on the openb trace per policy (1.3x capacity arrived); one placement's latency",
+        "allocation on the openb trace per policy (1.3x capacity arrived), the first policy also with its "
+        "target learned online; one placement's latency",
         defaults,
         run,
         options,

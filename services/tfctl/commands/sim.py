@@ -14,6 +14,7 @@ from typing import Any
 from tfcommon.placement import DEFAULT_POLICY, POLICIES
 
 from tfctl.simulation import (
+    LEARN_MODES,
     ProgressBar,
     ReplayResult,
     TraceError,
@@ -22,6 +23,7 @@ from tfctl.simulation import (
     read_nodes,
     read_pods,
     replay,
+    run_label,
     summarize,
 )
 
@@ -37,7 +39,8 @@ def register(subparsers: Any) -> None:
         help="replay an openb trace with the FGD paper's protocol",
         description=(
             "Shuffle the pods with each seed, clone them until the requested GPU reaches INFLATE x capacity, "
-            "place them one by one with no departures, and report the GPU allocation ratio."
+            "place them one by one with no departures, and report the GPU allocation ratio. With --learn "
+            "online the target workload is learned only from the pods that arrived before each one."
         ),
     )
     parser.add_argument(
@@ -61,6 +64,13 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument(
         "--inflate", type=float, default=1.3, help="arrived GPU as a multiple of capacity (1.3)"
+    )
+    parser.add_argument(
+        "--learn",
+        choices=LEARN_MODES,
+        default="trace",
+        help="target workload learned from the whole pod list up front (trace, the paper's protocol) "
+        "or, as the scheduler does, only from the pods that arrived so far (online)",
     )
     parser.add_argument(
         "--json", action="store_true", help="one JSON object per policy and seed, one per line"
@@ -125,9 +135,17 @@ def replay_command(args: argparse.Namespace) -> int:
     results: list[ReplayResult] = []
     for name in policies:
         for seed in seeds:
-            bar = ProgressBar(f"{name} seed {seed}", enabled=not args.no_progress)
+            bar = ProgressBar(f"{name} seed {seed} ({args.learn})", enabled=not args.no_progress)
             try:
-                result = replay(trace_nodes, pods, name, seed, inflate=args.inflate, on_progress=bar.update)
+                result = replay(
+                    trace_nodes,
+                    pods,
+                    name,
+                    seed,
+                    inflate=args.inflate,
+                    on_progress=bar.update,
+                    learn=args.learn,
+                )
             finally:
                 bar.close()
             results.append(result)
@@ -153,12 +171,12 @@ def _print_table(runs: list[dict[str, Any]]) -> None:
     for run in runs:
         idle = run["unallocated_gpus_at_130"]
         print(
-            f"{run['policy']:<22} {run['seed']:>5} {_percent(run['allocated_at_100']):>10} "
+            f"{run_label(run):<22} {run['seed']:>5} {_percent(run['allocated_at_100']):>10} "
             f"{_percent(run['allocated_at_130']):>10} {'-' if idle is None else f'{idle:.1f}':>14} "
             f"{_percent(run['fragmentation_rate_at_90']):>13} {run['failed_pods']:>7} "
             f"{run['placements_per_second'] or 0:>8.0f}"
         )
-    if len(runs) > len({run["policy"] for run in runs}):
+    if len(runs) > len({run_label(run) for run in runs}):
         print("\nmean over seeds")
         for name, figures in summarize(runs).items():
             idle = figures["unallocated_gpus_at_130"]
