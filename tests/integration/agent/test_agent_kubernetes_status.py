@@ -6,16 +6,14 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 from uuid import uuid4
 
 import kmock
-import psycopg
 import pytest
 import yaml
-from sqlalchemy.engine import make_url
 from tfagent.adapters.simulated import SimulatedGpuProbe, parse_fake_gpus
 from tfagent.agent import AgentTimers, NodeAgent
 from tfagent.app import build
@@ -23,7 +21,6 @@ from tfagent.kubernetes_status import KubernetesStatus
 from tfcommon.bus import NatsEventBus
 from tfcommon.cluster.kubernetes import KubernetesCluster
 from tfcommon.infra import free_port
-from tfcommon.ledger.migrate import upgrade_head
 from tfcommon.runtime import serve
 from tfcommon.settings import AgentSettings, DatabaseSettings, NatsSettings
 
@@ -39,22 +36,10 @@ HOSTNAME = "kubernetes.io/hostname"
 POOL = "tensor-fusion.ai/gpupool"
 
 
-def _conninfo(url: str) -> str:
-    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
-
-
 @pytest.fixture
-def database_url(postgres_server_url: str) -> Iterator[str]:
-    name = f"agent_k8s_{uuid4().hex[:12]}"
-    with psycopg.connect(_conninfo(postgres_server_url), autocommit=True) as connection:
-        connection.execute(f'CREATE DATABASE "{name}"')
-    url = make_url(postgres_server_url).set(database=name).render_as_string(hide_password=False)
-    upgrade_head(url)
-    try:
-        yield url
-    finally:
-        with psycopg.connect(_conninfo(postgres_server_url), autocommit=True) as connection:
-            connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+def database_url(migrated_database_url: str) -> str:
+    """A migrated scratch ledger database of its own for each test (the shared fixture)."""
+    return migrated_database_url
 
 
 @pytest.fixture

@@ -2,34 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
-from uuid import uuid4
+from collections.abc import AsyncIterator
 
-import psycopg
 import pytest
-from sqlalchemy.engine import make_url
 from tfcommon import subjects
 from tfcommon.bus import NatsEventBus
-from tfcommon.ledger.migrate import upgrade_head
 from tfcommon.ledger.sql import SqlLedger
 
 
-def _conninfo(database_url: str) -> str:
-    return make_url(database_url).set(drivername="postgresql").render_as_string(hide_password=False)
-
-
 @pytest.fixture
-def database_url(postgres_server_url: str) -> Iterator[str]:
-    name = f"scheduler_{uuid4().hex[:12]}"
-    with psycopg.connect(_conninfo(postgres_server_url), autocommit=True) as connection:
-        connection.execute(f'CREATE DATABASE "{name}"')
-    url = make_url(postgres_server_url).set(database=name).render_as_string(hide_password=False)
-    upgrade_head(url)
-    try:
-        yield url
-    finally:
-        with psycopg.connect(_conninfo(postgres_server_url), autocommit=True) as connection:
-            connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+def database_url(migrated_database_url: str) -> str:
+    """A migrated scratch ledger database of its own for each test (the shared fixture)."""
+    return migrated_database_url
 
 
 @pytest.fixture
