@@ -9,93 +9,34 @@ webhook and bound by our scheduler, and SIGINT leaves no process behind.
 from __future__ import annotations
 
 import json
-import shutil
 import signal
 import subprocess
-import sys
-import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import psutil  # type: ignore[import-untyped]
 import pytest
-from stack_up import read_summary, stack_environment
+from kube_stack_up import (
+    KUBECTL,
+    KubeStack,
+    audited_requests,
+    eventually,
+    kubectl,
+    kubectl_json,
+    running_kube_stack,
+)
 from test_local_stack import command_line, survivors
 
 pytestmark = pytest.mark.e2e
 
-KUBECTL = str(Path(sys.executable).parent / "kubectl")
 NAMESPACE = "team"
-WAIT_S = 30.0
-UP = (sys.executable, "-m", "tfctl.main", "up", "--kubernetes", "--ports", "auto", "--json")
-
-
-def kubectl(kubeconfig: str, *arguments: str, stdin: str | None = None) -> str:
-    result = subprocess.run(
-        [KUBECTL, f"--kubeconfig={kubeconfig}", *arguments],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    assert result.returncode == 0, f"kubectl {' '.join(arguments)}: {result.stderr}"
-    return result.stdout
-
-
-def kubectl_json(kubeconfig: str, *arguments: str) -> dict[str, Any]:
-    decoded: dict[str, Any] = json.loads(kubectl(kubeconfig, *arguments, "-o", "json"))
-    return decoded
-
-
-def eventually(what: str, check: Any) -> Any:
-    deadline = time.monotonic() + WAIT_S
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not within {WAIT_S:.0f}s")
-        time.sleep(0.5)
 
 
 @pytest.fixture
-def kube_stack() -> Iterator[tuple[subprocess.Popen[str], dict[str, Any], Path]]:
-    folder = Path(tempfile.mkdtemp(prefix="tfpool-e2e-k8s-"))
-    state_dir = folder / "state"
-    process = subprocess.Popen(
-        [*UP, "--state-dir", str(state_dir)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=stack_environment(),
-    )
-    try:
-        yield process, read_summary(process, timeout_s=60), state_dir
-    finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGINT)
-            process.communicate(timeout=60)
-        shutil.rmtree(folder, ignore_errors=True)
-
-
-def audited_requests(state_dir: Path) -> tuple[set[str], list[str]]:
-    """Our service accounts seen in the API server's audit log, and (user, verb, resource) of each of
-    their requests it refused (403)."""
-    audit_log = state_dir / "kubernetes" / "logs" / "audit.log"
-    users: set[str] = set()
-    denied = []
-    for line in audit_log.read_text().splitlines():
-        event = json.loads(line)
-        user = event["user"]["username"]
-        if not user.startswith("system:serviceaccount:tfpool-system:"):
-            continue
-        users.add(user.removeprefix("system:serviceaccount:tfpool-system:"))
-        if event["responseStatus"]["code"] == 403:
-            target = event.get("objectRef", {})
-            denied.append(f"{user} {event['verb']} {target.get('resource')}/{target.get('subresource', '')}")
-    return users, denied
+def kube_stack() -> Iterator[KubeStack]:
+    with running_kube_stack() as stack:
+        yield stack
 
 
 def share_pod(name: str) -> dict[str, Any]:
@@ -118,10 +59,10 @@ def share_pod(name: str) -> dict[str, Any]:
 
 
 def test_up_kubernetes_runs_the_production_path_and_sigint_leaves_no_process(
-    kube_stack: tuple[subprocess.Popen[str], dict[str, Any], Path],
+    kube_stack: KubeStack,
 ) -> None:
-    process, summary, state_dir = kube_stack
-    kubeconfig = summary["kubeconfig"]
+    process, summary, state_dir = kube_stack.process, kube_stack.summary, kube_stack.state_dir
+    kubeconfig = kube_stack.kubeconfig
     assert Path(kubeconfig).is_file()
     agents = {s["node"] for s in summary["services"] if s["service"] == "node-agent"}
     assert agents == {"sim-node-1", "sim-node-2"}
@@ -167,7 +108,7 @@ def test_up_kubernetes_runs_the_production_path_and_sigint_leaves_no_process(
     assert pod["spec"]["nodeName"] in agents
     gpu_ids = pod["metadata"]["annotations"]["tensor-fusion.ai/gpu-ids"]
     assert set(gpu_ids.split(",")) <= {gpu["metadata"]["name"] for gpu in gpus}, gpu_ids
-    users, denied = audited_requests(state_dir)
+    users, denied = audited_requests(kube_stack.audit_log)
     assert {"tfpool-scheduler", "tfpool-defrag-planner", "tfpool-node-agent"} <= users, users
     assert denied == [], "a ClusterRole lacks a verb a service uses"
 

@@ -1,0 +1,142 @@
+"""Helpers for tests that start `tfctl up --kubernetes` and drive it with kubectl as a user types it.
+
+`running_kube_stack()` starts one stack (a real control plane from the built binaries, KWOK nodes, the
+five services in Kubernetes mode with their own service accounts) in a temporary state dir on free ports
+and stops it with SIGINT; `kubectl()` runs the real kubectl against its admin kubeconfig.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from stack_up import read_summary, stack_environment
+
+T = TypeVar("T")
+
+KUBECTL = str(Path(sys.executable).parent / "kubectl")
+UP = (sys.executable, "-m", "tfctl.main", "up", "--kubernetes", "--ports", "auto", "--json")
+SERVICE_ACCOUNT_PREFIX = "system:serviceaccount:tfpool-system:"
+
+
+@dataclass
+class KubeStack:
+    """One running `tfctl up --kubernetes`: its process, the JSON summary it printed, its state dir."""
+
+    process: subprocess.Popen[str]
+    summary: dict[str, Any]
+    state_dir: Path
+
+    @property
+    def kubeconfig(self) -> str:
+        return str(self.summary["kubeconfig"])
+
+    @property
+    def audit_log(self) -> Path:
+        return self.state_dir / "kubernetes" / "logs" / "audit.log"
+
+    def kubectl(self, *arguments: str, stdin: str | None = None, check: bool = True) -> str:
+        return kubectl(self.kubeconfig, *arguments, stdin=stdin, check=check)
+
+    def kubectl_json(self, *arguments: str) -> dict[str, Any]:
+        return kubectl_json(self.kubeconfig, *arguments)
+
+    def apply(self, manifest: dict[str, Any] | str) -> str:
+        text = manifest if isinstance(manifest, str) else json.dumps(manifest)
+        return self.kubectl("apply", "-f", "-", stdin=text)
+
+
+def kubectl(
+    kubeconfig: str, *arguments: str, stdin: str | None = None, check: bool = True, timeout_s: float = 30
+) -> str:
+    """Run kubectl; with `check`, fail the test with kubectl's stderr when it exits non-zero. Without it,
+    return stdout and stderr together (for a command the test expects to be refused)."""
+    result = subprocess.run(
+        [KUBECTL, f"--kubeconfig={kubeconfig}", *arguments],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
+    if check:
+        assert result.returncode == 0, f"kubectl {' '.join(arguments)}: {result.stderr}"
+        return result.stdout
+    return result.stdout + result.stderr
+
+
+def kubectl_json(kubeconfig: str, *arguments: str) -> dict[str, Any]:
+    decoded: dict[str, Any] = json.loads(kubectl(kubeconfig, *arguments, "-o", "json"))
+    return decoded
+
+
+def eventually(what: str, check: Callable[[], T | None], *, within_s: float = 30.0) -> T:
+    """Poll `check` every half second until it returns something truthy; fail naming `what` after
+    `within_s`."""
+    deadline = time.monotonic() + within_s
+    while True:
+        result = check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not within {within_s:.0f}s")
+        time.sleep(0.5)
+
+
+@contextlib.contextmanager
+def running_kube_stack(extra_arguments: Sequence[str] = (), **settings: str) -> Iterator[KubeStack]:
+    """Start `tfctl up --kubernetes` with `extra_arguments` and `TF_*` `settings`; SIGINT it on exit."""
+    folder = Path(tempfile.mkdtemp(prefix="tfpool-e2e-k8s-"))
+    state_dir = folder / "state"
+    process = subprocess.Popen(
+        [*UP, "--state-dir", str(state_dir), *extra_arguments],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=stack_environment(**settings),
+    )
+    try:
+        yield KubeStack(process, read_summary(process, timeout_s=60), state_dir)
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGINT)
+            process.communicate(timeout=60)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def create_namespace(stack: KubeStack, name: str, labels: dict[str, str] | None = None) -> None:
+    """Create a namespace and wait for its default service account (pods are refused before it)."""
+    manifest: dict[str, Any] = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
+    if labels:
+        manifest["metadata"]["labels"] = labels
+    stack.apply(manifest)
+    eventually(
+        f"namespace {name}'s default service account",
+        lambda: "default" in stack.kubectl("get", "serviceaccount", "-n", name, "-o", "name", check=False),
+    )
+
+
+def audited_requests(audit_log: Path) -> tuple[set[str], list[str]]:
+    """Our service accounts seen in the API server's audit log, and (user, verb, resource) of each of
+    their requests it refused (403)."""
+    users: set[str] = set()
+    denied = []
+    for line in audit_log.read_text().splitlines():
+        event = json.loads(line)
+        user = event["user"]["username"]
+        if not user.startswith(SERVICE_ACCOUNT_PREFIX):
+            continue
+        users.add(user.removeprefix(SERVICE_ACCOUNT_PREFIX))
+        if event["responseStatus"]["code"] == 403:
+            target = event.get("objectRef", {})
+            denied.append(f"{user} {event['verb']} {target.get('resource')}/{target.get('subresource', '')}")
+    return users, denied
