@@ -1,0 +1,299 @@
+{{/* Shared pieces of the tfpool templates. */}}
+
+{{/* The node agent's namespace: nodeAgent.namespace, else "<release namespace>-node-agent". */}}
+{{- define "tfpool.agentNamespace" -}}
+{{- default (printf "%s-node-agent" .Release.Namespace) .Values.nodeAgent.namespace -}}
+{{- end -}}
+
+{{/* The name of a cluster-wide object of a component: "<release name>-<component>". */}}
+{{- define "tfpool.clusterName" -}}
+{{- printf "%s-%s" .root.Release.Name .component | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "tfpool.labels" -}}
+app.kubernetes.io/part-of: tfpool
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{/* Labels of one component; the selector is its first two. */}}
+{{- define "tfpool.componentLabels" -}}
+app.kubernetes.io/name: tfpool
+app.kubernetes.io/component: {{ .component }}
+{{ include "tfpool.labels" .root }}
+{{- end -}}
+
+{{- define "tfpool.selector" -}}
+app.kubernetes.io/name: tfpool
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "tfpool.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+
+{{- define "tfpool.natsSecret" -}}
+{{- default "tfpool-nats" .Values.nats.existingSecret -}}
+{{- end -}}
+
+{{- define "tfpool.databaseSecret" -}}
+{{- default "tfpool-database" .Values.postgres.existingSecret -}}
+{{- end -}}
+
+{{/* Pod security of every unprivileged pod (Pod Security "restricted"). */}}
+{{- define "tfpool.restrictedPodSecurity" -}}
+runAsNonRoot: true
+runAsUser: 10001
+runAsGroup: 10001
+fsGroup: 10001
+seccompProfile:
+  type: RuntimeDefault
+{{- end -}}
+
+{{- define "tfpool.containerSecurity" -}}
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+capabilities:
+  drop:
+  - ALL
+{{- end -}}
+
+{{/* The environment every service shares: NATS as its own user, the ledger, the token, the config. */}}
+{{- define "tfpool.serviceEnv" -}}
+- name: TF_NATS_URL
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "tfpool.natsSecret" .root }}
+      key: url
+- name: TF_NATS_USER
+  value: {{ .service }}
+- name: TF_NATS_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "tfpool.natsSecret" .root }}
+      key: {{ .service }}-password
+- name: TF_DATABASE_URL
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "tfpool.databaseSecret" .root }}
+      key: app-url
+{{- if .root.Values.apiTokenSecret }}
+- name: TF_API_TOKEN
+  valueFrom:
+    secretKeyRef:
+      name: {{ .root.Values.apiTokenSecret }}
+      key: token
+{{- end }}
+- name: TF_CONFIG_FILE
+  value: /etc/tfpool/config.yaml
+- name: TF_LOG_LEVEL
+  value: {{ .root.Values.logLevel | quote }}
+{{- end -}}
+
+{{/* The init container that holds a service back until the migration Job has brought the schema to the
+     image's newest revision (tfctl migrate --wait), instead of the service restarting until then. */}}
+{{- define "tfpool.waitForSchema" -}}
+{{- if .Values.migration.enabled }}
+initContainers:
+- name: wait-for-schema
+  image: {{ include "tfpool.image" . }}
+  imagePullPolicy: {{ .Values.image.pullPolicy }}
+  args:
+  - migrate
+  - --wait
+  - --timeout
+  - {{ .Values.migration.timeoutSeconds | quote }}
+  env:
+  - name: TF_DATABASE_URL
+    valueFrom:
+      secretKeyRef:
+        name: {{ include "tfpool.databaseSecret" . }}
+        key: app-url
+  resources:
+    requests:
+      cpu: 10m
+      memory: 64Mi
+    limits:
+      memory: 128Mi
+  securityContext:
+    {{- include "tfpool.containerSecurity" . | nindent 4 }}
+  volumeMounts:
+  - name: tmp
+    mountPath: /tmp
+{{- end }}
+{{- end -}}
+
+{{- define "tfpool.probes" -}}
+readinessProbe:
+  httpGet:
+    path: /readyz
+    port: {{ .port }}
+    scheme: {{ .scheme }}
+  periodSeconds: 5
+  timeoutSeconds: 2
+  failureThreshold: 3
+livenessProbe:
+  httpGet:
+    path: /healthz
+    port: {{ .port }}
+    scheme: {{ .scheme }}
+  periodSeconds: 10
+  timeoutSeconds: 2
+  failureThreshold: 3
+startupProbe:
+  httpGet:
+    path: /healthz
+    port: {{ .port }}
+    scheme: {{ .scheme }}
+  periodSeconds: 2
+  timeoutSeconds: 2
+  failureThreshold: 60
+{{- end -}}
+
+{{- define "tfpool.serviceMounts" -}}
+- name: config
+  mountPath: /etc/tfpool/config.yaml
+  subPath: config.yaml
+  readOnly: true
+- name: tmp
+  mountPath: /tmp
+- name: state
+  mountPath: /var/lib/tfpool
+{{- end -}}
+
+{{- define "tfpool.serviceVolumes" -}}
+- name: config
+  configMap:
+    name: tfpool-config
+- name: tmp
+  emptyDir: {}
+- name: state
+  emptyDir: {}
+{{- end -}}
+
+{{/* nodeSelector, tolerations and affinity of one component's values, when set. */}}
+{{- define "tfpool.placement" -}}
+{{- with .nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{/* A component's ServiceAccount, ClusterRole and ClusterRoleBinding (and Role and RoleBinding when
+     k8s/base has one), with the rules of files/rbac.yaml (generated from k8s/base). */}}
+{{- define "tfpool.rbac" -}}
+{{- $rules := index (.root.Files.Get "files/rbac.yaml" | fromYaml) .component -}}
+apiVersion: v1
+kind: ServiceAccount
+metadata:
+  name: tfpool-{{ .component }}
+  namespace: {{ .namespace }}
+  labels:
+    {{- include "tfpool.labels" .root | nindent 4 }}
+{{- with $rules.clusterRole }}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata:
+  name: {{ include "tfpool.clusterName" (dict "root" $.root "component" $.component) }}
+  labels:
+    {{- include "tfpool.labels" $.root | nindent 4 }}
+rules:
+  {{- toYaml . | nindent 2 }}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata:
+  name: {{ include "tfpool.clusterName" (dict "root" $.root "component" $.component) }}
+  labels:
+    {{- include "tfpool.labels" $.root | nindent 4 }}
+roleRef:
+  apiGroup: rbac.authorization.k8s.io
+  kind: ClusterRole
+  name: {{ include "tfpool.clusterName" (dict "root" $.root "component" $.component) }}
+subjects:
+- kind: ServiceAccount
+  name: tfpool-{{ $.component }}
+  namespace: {{ $.namespace }}
+{{- end }}
+{{- with $rules.role }}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata:
+  name: tfpool-{{ $.component }}
+  namespace: {{ $.namespace }}
+  labels:
+    {{- include "tfpool.labels" $.root | nindent 4 }}
+rules:
+  {{- toYaml . | nindent 2 }}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata:
+  name: tfpool-{{ $.component }}
+  namespace: {{ $.namespace }}
+  labels:
+    {{- include "tfpool.labels" $.root | nindent 4 }}
+roleRef:
+  apiGroup: rbac.authorization.k8s.io
+  kind: Role
+  name: tfpool-{{ $.component }}
+subjects:
+- kind: ServiceAccount
+  name: tfpool-{{ $.component }}
+  namespace: {{ $.namespace }}
+{{- end }}
+{{- end -}}
+
+{{/* A PodDisruptionBudget of one component. */}}
+{{- define "tfpool.pdb" -}}
+apiVersion: policy/v1
+kind: PodDisruptionBudget
+metadata:
+  name: tfpool-{{ .component }}
+  namespace: {{ .root.Release.Namespace }}
+  labels:
+    {{- include "tfpool.componentLabels" . | nindent 4 }}
+spec:
+  {{- if .minAvailable }}
+  minAvailable: {{ .minAvailable }}
+  {{- else }}
+  maxUnavailable: 1
+  {{- end }}
+  selector:
+    matchLabels:
+      {{- include "tfpool.selector" . | nindent 6 }}
+{{- end -}}
+
+{{/* A ClusterIP Service of one component on one named port. */}}
+{{- define "tfpool.service" -}}
+apiVersion: v1
+kind: Service
+metadata:
+  name: tfpool-{{ .component }}
+  namespace: {{ .namespace }}
+  labels:
+    {{- include "tfpool.componentLabels" . | nindent 4 }}
+spec:
+  selector:
+    {{- include "tfpool.selector" . | nindent 4 }}
+  {{- if .headless }}
+  clusterIP: None
+  {{- end }}
+  ports:
+  - name: {{ .portName }}
+    port: {{ .port }}
+    targetPort: {{ .portName }}
+    protocol: TCP
+{{- end -}}
