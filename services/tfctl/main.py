@@ -20,6 +20,10 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
     "cordon": ("stop placing new workloads on nodes (what runs there stays)", ("cordon",)),
     "defrag": ("defragmentation: see the plan, start a campaign", ("defrag",)),
     "delete": ("delete workloads; one a controller owns is recreated, on other GPUs", ("delete",)),
+    "doctor": (
+        "list the fields of the cluster's GPUPool, GPUNode and quota objects tfpool does not act on",
+        ("doctor",),
+    ),
     "events": ("the event catalogue and a live view of the bus", ("events",)),
     "get": ("list pools, nodes, GPUs, allocations, workloads or recommendations", ("get",)),
     "label": ("set or remove node labels (tensor-fusion.ai/do-not-disrupt)", ("label",)),

@@ -50,6 +50,7 @@ from tfscheduler.core.binding import (
 from tfscheduler.core.preemption import Candidate, Priority
 from tfscheduler.core.view import allocation_id_for, placement_request
 from tfscheduler.engine import Scheduler
+from tfscheduler.spec_conditions import UnsupportedFieldsReporter
 from tfscheduler.status_writer import StatusWriter
 from tfscheduler.submission import WorkloadStatus
 
@@ -501,8 +502,9 @@ class KubernetesWiring:
     owns_cluster: bool
 
     def tasks(self, stop: asyncio.Event) -> dict[str, Callable[[], Coroutine[Any, Any, None]]]:
-        """The service tasks (replacing local mode's `retry-pending`): pods, retries, status, and node
-        cordons (checked as often as the ledger is polled for status)."""
+        """The service tasks (replacing local mode's `retry-pending`): pods, retries, status, node
+        cordons (checked as often as the ledger is polled for status) and the `UnsupportedFields`
+        condition of GPUPool, GPUNode and GPUResourceQuota objects."""
 
         async def pods() -> None:
             try:
@@ -517,6 +519,7 @@ class KubernetesWiring:
             "retry-pending": lambda: self.mode.retry_on_freed_capacity(stop, interval_s=self.retry_s),
             "custom-status": lambda: self.status.run(stop),
             "node-cordons": lambda: self.mode.follow_cordons(stop, interval_s=self.status.poll_interval_s),
+            "spec-conditions": lambda: UnsupportedFieldsReporter(self.cluster).run(stop),
         }
 
 

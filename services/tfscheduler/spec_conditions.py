@@ -1,0 +1,73 @@
+"""Keeps the `UnsupportedFields` condition on every GPUPool, GPUNode and GPUResourceQuota object.
+
+The shell around `tfcommon.unsupported_fields`: every `interval_s` it lists the three kinds and, where
+an object's condition differs from what its spec implies, writes `status.conditions` with only that
+condition replaced (other conditions stay), guarded by the object's resource version so a concurrent
+writer of another condition is never overwritten (a conflict is retried on the next round). The scheduler
+runs it in Kubernetes mode (on the leader, with leader election), as it already writes GPUPool status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+from tfcommon.cluster import Applied, Cluster, ClusterError, CustomObject, CustomResource
+from tfcommon.unsupported_fields import (
+    CONDITION,
+    find_condition,
+    same_condition,
+    unsupported_condition,
+    with_condition,
+)
+
+log = logging.getLogger("tfscheduler.spec_conditions")
+KINDS = (CustomResource.GPU_POOL, CustomResource.GPU_NODE, CustomResource.GPU_RESOURCE_QUOTA)
+
+
+class UnsupportedFieldsReporter:
+    """Writes the condition for objects whose spec changed (or that are new); `run` until stopped."""
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        *,
+        interval_s: float = 1.0,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self.cluster = cluster
+        self.interval_s = interval_s
+        self.clock = clock
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                await self.sync()
+            except ClusterError as error:
+                log.warning("writing the %s condition failed, will retry: %s", CONDITION, error)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=self.interval_s)
+
+    async def sync(self) -> int:
+        """One round over every object of the three kinds; returns how many conditions it wrote."""
+        written = 0
+        for kind in KINDS:
+            for obj in await self.cluster.list_custom_objects(kind):
+                written += await self._reconcile(obj)
+        return written
+
+    async def _reconcile(self, obj: CustomObject) -> int:
+        condition = unsupported_condition(obj.kind, obj.spec, self.clock())
+        if same_condition(find_condition(obj.status, CONDITION), condition):
+            return 0
+        result = await self.cluster.patch_custom_status(
+            obj.kind,
+            obj.name,
+            {"conditions": with_condition(obj.status, condition)},
+            namespace=obj.namespace,
+            resource_version=obj.resource_version or None,
+        )
+        return 1 if isinstance(result, Applied) else 0
