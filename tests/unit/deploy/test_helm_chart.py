@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import functools
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -104,7 +105,9 @@ def one(
 
 
 def test_generated_chart_files_match_k8s_base_and_deploy() -> None:
-    assert stale_files() == [], "charts/tfpool is stale: run `python -m tfcommon.kube_local.chart`"
+    assert stale_files(CHART, REPO_ROOT) == [], (
+        "charts/tfpool is stale: run `python -m tfcommon.kube_local.chart`"
+    )
 
 
 def test_a_changed_source_makes_the_chart_stale(tmp_path: Path) -> None:
@@ -391,3 +394,21 @@ def test_monitoring_is_off_by_default_and_renders_the_base_alerts_when_on() -> N
         one(objects, "ConfigMap", "tfpool-grafana-dashboard")["metadata"]["labels"]["grafana_dashboard"]
         == "1"
     )
+
+
+def test_chart_and_kustomize_component_send_the_webhook_the_same_pods(tmp_path: Path) -> None:
+    relative = Path(os.path.relpath(REPO_ROOT / "k8s", tmp_path))
+    tmp_path.joinpath("kustomization.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "resources": [str(relative / "base")],
+                "components": [str(relative / "components" / "auto-migration")],
+            }
+        )
+    )
+    component = objects_of_kind(render_kustomization(tmp_path), "MutatingWebhookConfiguration")[
+        "tfpool-webhook"
+    ]
+    chart = one(template({"autoMigration.enabled": "true"}), "MutatingWebhookConfiguration", "tfpool-webhook")
+    assert "objectSelector" not in component["webhooks"][0]
+    assert component["webhooks"][0]["matchConditions"] == chart["webhooks"][0]["matchConditions"]
