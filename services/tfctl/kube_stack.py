@@ -33,6 +33,9 @@ WEBHOOK_PATH = "/mutate-v1-pod"
 TOKEN_DURATION = "720h"
 NODE_LABELS = {"nvidia.com/gpu.present": "true", "type": "kwok"}
 """What the node agent's DaemonSet selects (`k8s/base/node-agent.yaml`), plus KWOK's usual `type`."""
+NODE_RESOURCES = {"cpu": "1k", "memory": "1Ti", "pods": "1M"}
+"""KWOK's default capacity for a node (its `node-initialize` stage keeps what a node already has)."""
+DEVICE_PLUGIN_RESOURCE = "nvidia.com/gpu"
 SERVICE_ACCOUNTS = {
     "webhook": "tfpool-webhook",
     "scheduler": "tfpool-scheduler",
@@ -81,9 +84,12 @@ def local_manifests(rendered: str, webhook_url: str, ca_bundle: bytes) -> list[d
     return chosen
 
 
-def kwok_node(name: str) -> dict[str, Any]:
-    """A Node that KWOK keeps Ready, labelled as a GPU node for the node agent."""
+def kwok_node(name: str, gpus: str) -> dict[str, Any]:
+    """A Node that KWOK keeps Ready, labelled as a GPU node for the node agent, advertising its
+    `--fake-gpus` entry `gpus` as the NVIDIA device plugin would (`nvidia.com/gpu`), so that pods still
+    asking for whole GPUs are placed by kube-scheduler as on a real GPU node."""
     key, value = KWOK_NODE_ANNOTATION
+    resources = {**NODE_RESOURCES, DEVICE_PLUGIN_RESOURCE: str(fake_gpu_count(gpus))}
     return {
         "apiVersion": "v1",
         "kind": "Node",
@@ -93,7 +99,13 @@ def kwok_node(name: str) -> dict[str, Any]:
             "labels": {**NODE_LABELS, "kubernetes.io/hostname": name, "kubernetes.io/os": "linux"},
         },
         "spec": {},
+        "status": {"capacity": resources, "allocatable": resources},
     }
+
+
+def fake_gpu_count(gpus: str) -> int:
+    """How many GPUs one `--fake-gpus` entry (`MODEL:N[,MODEL:N]`, already checked) simulates."""
+    return sum(int(part.rpartition(":")[2]) for part in gpus.split(","))
 
 
 def token_kubeconfig(api_url: str, ca_file: Path, user: str, token: str) -> str:
@@ -158,7 +170,8 @@ class KubernetesStack(Stack):
         rendered = await self._kubectl("kustomize", str(MANIFESTS))
         ca_bundle = (self.options.state_dir / "certs" / "tls.crt").read_bytes()
         objects = local_manifests(rendered, webhook.url, ca_bundle)
-        nodes = [kwok_node(child.node) for child in children if child.node is not None]
+        agents = [child.node for child in children if child.node is not None]
+        nodes = [kwok_node(node, gpus) for node, gpus in zip(agents, self.options.nodes, strict=True)]
         _say(f"applying the production manifests ({len(objects)} objects) and {len(nodes)} KWOK nodes")
         documents = "".join(f"---\n{json.dumps(document)}\n" for document in [*objects, *nodes])
         await self._kubectl(
