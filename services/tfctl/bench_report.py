@@ -251,6 +251,37 @@ def _faults(result: Mapping[str, Any]) -> list[Figure]:
     ]
 
 
+def _kubernetes(result: Mapping[str, Any]) -> list[Figure]:
+    phases = result["phases"]
+    kube = phases["kube_scheduler_whole"]
+    size = f"{result['pods']:,} pods, {result['nodes']:,} KWOK nodes"
+    baseline = f"kube-scheduler, the same pods asking nvidia.com/gpu: 1, {size}"
+    found = []
+    for key, title in (("ours_whole", "whole GPUs"), ("ours_fractional", "fractional GPUs (ours only)")):
+        measured = phases.get(key)
+        if measured is None:
+            continue
+        found.append(
+            figure(
+                f"creation to bound through the API server, our scheduler, {title}, {size}",
+                measured["pods_per_second"],
+                "pods/s",
+                baseline=baseline,
+                baseline_value=kube["pods_per_second"],
+            )
+        )
+        found.append(
+            figure(
+                f"p99 creation to bound, our scheduler, {title}, {size}",
+                measured["p99_ms"],
+                "ms",
+                baseline=baseline,
+                baseline_value=kube["p99_ms"],
+            )
+        )
+    return found
+
+
 FIGURES: dict[str, Callable[[Mapping[str, Any]], list[Figure]]] = {
     "scheduler": _scheduler,
     "webhook": _webhook,
@@ -259,6 +290,7 @@ FIGURES: dict[str, Callable[[Mapping[str, Any]], list[Figure]]] = {
     "ledger": _ledger,
     "outbox": _outbox,
     "faults": _faults,
+    "kubernetes": _kubernetes,
 }
 
 

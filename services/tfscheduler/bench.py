@@ -41,7 +41,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -339,11 +339,15 @@ def _free_port() -> int:
 
 
 @contextlib.asynccontextmanager
-async def _scheduler_service(database_url: str, nats_url: str) -> AsyncIterator[tuple[int, str]]:
-    """`python -m tfscheduler` on a free port over the run's ledger and NATS; yields its port and API
-    token once it answers `/readyz`, and stops it afterwards."""
+async def scheduler_service(
+    database_url: str, nats_url: str, environment: Mapping[str, str] | None = None
+) -> AsyncIterator[tuple[int, str]]:
+    """`python -m tfscheduler` on a free port over the run's ledger and NATS (plus `environment`, e.g.
+    Kubernetes mode's settings); yields its port and API token once it answers `/readyz`, and stops it
+    afterwards."""
     port, token = _free_port(), uuid4().hex
-    environment = {name: value for name, value in os.environ.items() if not name.startswith("TF_")}
+    inherited = {name: value for name, value in os.environ.items() if not name.startswith("TF_")}
+    environment = {**inherited, **(environment or {})}
     environment.update(
         TF_PORT=str(port),
         TF_BIND_HOST="127.0.0.1",
@@ -762,7 +766,7 @@ async def _settle(arrivals: dict[UUID, float], outcome: _Outcome, *, answered: b
 async def _through_the_service(
     via: Via, database_url: str, nats_url: str, bus: NatsEventBus, load: _Load
 ) -> dict[str, Any]:
-    async with _scheduler_service(database_url, nats_url) as (port, token):
+    async with scheduler_service(database_url, nats_url) as (port, token):
         client = _HttpClient(port, token)
         if via == "http":
             await client.open(max(load.concurrency, HTTP_CONNECTIONS_OFFERED))

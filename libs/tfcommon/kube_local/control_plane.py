@@ -104,6 +104,8 @@ class LocalKubernetes:
     with_scheduler: bool = True
     with_kwok: bool = True
     die_with_parent: bool = False
+    scheduler_arguments: tuple[str, ...] = ()
+    """Extra kube-scheduler flags (e.g. `--kube-api-qps=5000` for a benchmark)."""
     progress: Callable[[str], None] = field(default=lambda line: None, repr=False)
     ports: dict[str, int] = field(default_factory=dict)
     _components: list[_Component] = field(default_factory=list, repr=False)
@@ -330,7 +332,9 @@ class LocalKubernetes:
         ]
         if self.with_scheduler:
             components.append(
-                self._kube_component("kube-scheduler", bin_dir, SCHEDULER, ports["scheduler"], [])
+                self._kube_component(
+                    "kube-scheduler", bin_dir, SCHEDULER, ports["scheduler"], list(self.scheduler_arguments)
+                )
             )
         if self.with_kwok:
             key, value = KWOK_NODE_ANNOTATION

@@ -3,9 +3,11 @@
 Targets: `scheduler` (placements/s and latency over real NATS and Postgres), `webhook` (admission over
 HTTPS against a bare endpoint), `placement` (allocation on the openb trace per policy, and one
 placement's latency), `defrag` (campaigns against the global CP-SAT bound), `ledger` (reservations/s against
-a bare INSERT), `outbox` (events/s through the outbox relay against a bare `js.publish`) and `faults`
-(registered by `bench_faults.py`). Postgres and NATS are embedded ones unless `TF_DATABASE_URL` /
-`TF_NATS_URL` are set; a scratch database is created and dropped on the server either way.
+a bare INSERT), `outbox` (events/s through the outbox relay against a bare `js.publish`), `faults`
+(registered by `bench_faults.py`) and `kubernetes` (pods through a real API server on KWOK nodes, bound
+by kube-scheduler and by our scheduler service in Kubernetes mode). Postgres and NATS are embedded ones
+unless `TF_DATABASE_URL` / `TF_NATS_URL` are set; a scratch database is created and dropped on the
+server either way.
 
 `tfctl bench all --json` (`make bench`) runs every target with the sizes in `SIZES`, prints progress on
 stderr and ONE JSON document on stdout: the machine once at the top, then per target its wall time,
@@ -64,6 +66,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     _register_defrag(targets)
     _register_ledger(targets)
     _register_outbox(targets)
+    _register_kubernetes(targets)
     every = targets.add_parser(
         "all",
         help="every benchmark, as one JSON document; refreshes docs/benchmarks.md",
@@ -191,6 +194,7 @@ def _run_one(
 ) -> int:
     from tfwebhook.bench import AdmissionBenchmarkError
 
+    from tfctl.bench_kubernetes import KubernetesBenchmarkError
     from tfctl.bench_ledger import LedgerBenchmarkError
     from tfctl.bench_outbox import OutboxBenchmarkError
     from tfctl.bench_targets import TargetError
@@ -198,7 +202,13 @@ def _run_one(
     started_at, started = datetime.now(UTC), time.monotonic()
     try:
         result = run(_progress(name, started))
-    except (TargetError, LedgerBenchmarkError, OutboxBenchmarkError, AdmissionBenchmarkError) as error:
+    except (
+        TargetError,
+        LedgerBenchmarkError,
+        OutboxBenchmarkError,
+        AdmissionBenchmarkError,
+        KubernetesBenchmarkError,
+    ) as error:
         print(f"tfctl bench {name}: {error}", file=sys.stderr)
         return USAGE_ERROR
     seconds = time.monotonic() - started
@@ -580,6 +590,68 @@ def _register_outbox(targets: argparse._SubParsersAction[argparse.ArgumentParser
         targets,
         "outbox",
         "events/s through the ledger outbox relay to JetStream against bare js.publish of the same payloads",
+        defaults,
+        run,
+        options,
+    )
+
+
+def _register_kubernetes(targets: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from tfctl import bench_kubernetes as kube
+
+    defaults: dict[str, Any] = {
+        "pods": kube.DEFAULT_PODS,
+        "nodes": kube.DEFAULT_NODES,
+        "gpus_per_node": kube.DEFAULT_GPUS_PER_NODE,
+        "create_concurrency": kube.DEFAULT_CREATE_CONCURRENCY,
+        "kube_scheduler_qps": kube.KUBE_SCHEDULER_QPS,
+        "fractional": True,
+    }
+
+    def options(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument(
+            "--pods", type=int, default=kube.DEFAULT_PODS, help=f"pods per phase ({kube.DEFAULT_PODS})"
+        )
+        parser.add_argument(
+            "--nodes", type=int, default=kube.DEFAULT_NODES, help=f"KWOK nodes ({kube.DEFAULT_NODES})"
+        )
+        parser.add_argument(
+            "--gpus-per-node",
+            type=int,
+            default=kube.DEFAULT_GPUS_PER_NODE,
+            help=f"nvidia.com/gpu per node, H100s in the ledger ({kube.DEFAULT_GPUS_PER_NODE})",
+        )
+        parser.add_argument(
+            "--create-concurrency",
+            type=int,
+            default=kube.DEFAULT_CREATE_CONCURRENCY,
+            help=f"pod creations in flight ({kube.DEFAULT_CREATE_CONCURRENCY})",
+        )
+        parser.add_argument(
+            "--kube-scheduler-qps",
+            type=int,
+            default=kube.KUBE_SCHEDULER_QPS,
+            help=f"kube-scheduler's --kube-api-qps and --kube-api-burst ({kube.KUBE_SCHEDULER_QPS}, as in "
+            "its perf tests; its default is 50 / 100)",
+        )
+        parser.add_argument(
+            "--no-fractional",
+            dest="fractional",
+            action="store_false",
+            help="skip the fractional-GPU phase (ours only)",
+        )
+
+    def run(sizes: dict[str, Any], say: Progress) -> dict[str, Any]:
+        return kube.run_kubernetes_benchmark(
+            **sizes, database_url=_database_url(), nats_url=_nats_url(), progress=say
+        )
+
+    _add_target(
+        targets,
+        "kubernetes",
+        "pods/s and p99 from creation to bound through a real API server on KWOK nodes: whole-GPU pods "
+        "(nvidia.com/gpu: 1) by kube-scheduler and by our scheduler service in Kubernetes mode, then "
+        "fractional pods (ours only); ratio ours / kube-scheduler",
         defaults,
         run,
         options,
