@@ -261,10 +261,15 @@ def ensure_binaries(progress: Progress = print, *, tools: Path | None = None) ->
 
 def main() -> int:
     """`make kubernetes`: build what is missing, a line per step; exit 1 with the error on failure."""
+    return run_build("make kubernetes", ensure_binaries)
+
+
+def run_build(command: str, build: Callable[[Progress], object]) -> int:
+    """Run `build` with its progress on stdout, a line per step; 1 with `command: <error>` on failure."""
     try:
-        ensure_binaries(lambda line: _say(sys.stdout, line))
+        build(lambda line: _say(sys.stdout, line))
     except BuildError as error:
-        _say(sys.stderr, f"make kubernetes: {error}")
+        _say(sys.stderr, f"{command}: {error}")
         return 1
     return 0
 

@@ -26,10 +26,10 @@ from tfcommon.kube_local.build import (
     _build_one,
     _go_environment,
     _locked,
-    _say,
     _Target,
     find_go,
     pinned_version,
+    run_build,
 )
 
 HELM_MODULE = "helm.sh/helm/v4"
@@ -111,12 +111,7 @@ def ensure_helm(progress: Progress = print, *, tools: Path | None = None) -> Pat
 
 def main() -> int:
     """`make helm`: build Helm when missing, a line per step; exit 1 with the error on failure."""
-    try:
-        ensure_helm(lambda line: _say(sys.stdout, line))
-    except BuildError as error:
-        _say(sys.stderr, f"make helm: {error}")
-        return 1
-    return 0
+    return run_build("make helm", ensure_helm)
 
 
 if __name__ == "__main__":
