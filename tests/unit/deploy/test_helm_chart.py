@@ -35,6 +35,10 @@ AGENT_NAMESPACE = f"{NAMESPACE}-node-agent"
 EXTERNAL = {
     "nats.bundled": "false",
     "nats.url": "nats://nats.example:4222",
+    **{
+        f"nats.passwords.{user}": f"{user}-secret"
+        for user in ("webhook", "scheduler", "defrag-planner", "node-agent", "metrics")
+    },
     "postgres.bundled": "false",
     "postgres.appUrl": "postgresql+psycopg://tfpool_app:a@db.example:5432/tfpool",
     "postgres.migrateUrl": "postgresql+psycopg://tfpool_migrate:m@db.example:5432/tfpool",
@@ -253,6 +257,10 @@ def test_webhook_failure_policy_and_timeout_come_from_values() -> None:
         ({"webhook.timeoutSeconds": "60"}, "webhook.timeoutSeconds must be 1 to 30 seconds"),
         ({"certificates.mode": "manual"}, "certificates.mode must be helm or cert-manager"),
         ({"nats.bundled": "false"}, "nats.url is required with nats.bundled=false"),
+        (
+            {"nats.bundled": "false", "nats.url": "nats://nats.example:4222", "nats.passwords.webhook": "w"},
+            "nats.passwords.scheduler is required with nats.bundled=false",
+        ),
         ({"postgres.bundled": "false"}, "postgres.appUrl is required with postgres.bundled=false"),
     ],
 )
