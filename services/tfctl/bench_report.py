@@ -244,10 +244,26 @@ def _outbox(result: Mapping[str, Any]) -> list[Figure]:
 
 
 def _faults(result: Mapping[str, Any]) -> list[Figure]:
-    return [
+    found = [
         figure("operations under faults", result["operations"]["total"], "calls"),
         figure("faults injected", len(result["faults"]), "faults"),
         figure("invariant violations", result["violation_count"], "violations"),
+    ]
+    if "acknowledged_operations" not in result:
+        return found
+    return [
+        *found,
+        figure("acknowledged operations", result["acknowledged_operations"], "calls"),
+        figure("lost (acknowledged, absent)", result["lost"], "operations"),
+        figure("doubled", result["doubled"], "operations"),
+        figure("phantom (never requested)", result["phantom"], "allocations"),
+        figure(
+            "bill difference against the history's own oracle",
+            float(result["bill_difference"]),
+            "$",
+        ),
+        figure("services that exited on their own", result["self_exits"], "exits"),
+        figure(f"fault kinds ({', '.join(result['fault_kinds'])})", len(result["fault_kinds"]), "kinds"),
     ]
 
 

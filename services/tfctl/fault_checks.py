@@ -138,16 +138,19 @@ def check_submissions(
     finals: Mapping[WorkloadKey, FinalStatus],
     allocated_workloads: Iterable[WorkloadKey],
 ) -> list[str]:
-    """Every acknowledged submission ends with exactly one allocation or an unschedulable verdict;
-    acknowledged releases closed theirs; no allocation belongs to a workload nobody submitted; an
+    """Every acknowledged submission ends with exactly one allocation, an unschedulable verdict or
+    evicted (its replacement is a new workload: `tfctl.history_check` follows it); acknowledged
+    releases closed theirs; no allocation belongs to a workload (namespace and name) nobody submitted; an
     unacknowledged submission lands at most once."""
     violations: list[str] = []
     submitted = {op.workload for op in operations if op.kind == "submit"}
     acknowledged = {op.workload for op in operations if op.kind == "submit" and op.outcome == "ok"}
     released_ok = {op.workload for op in operations if op.kind == "release" and op.outcome == "ok"}
     release_tried = {op.workload for op in operations if op.kind == "release" and op.outcome != "fail"}
+    submitted_names = {workload[:2] for workload in submitted}
     for workload in sorted(set(allocated_workloads) - submitted):
-        violations.append(f"workload {'/'.join(workload)} has an allocation nobody asked for")
+        if workload[:2] not in submitted_names:  # else a replacement of an evicted one (new uid)
+            violations.append(f"workload {'/'.join(workload)} has an allocation nobody asked for")
     for workload in sorted(submitted):
         final = finals.get(workload)
         name = "/".join(workload)
@@ -171,9 +174,11 @@ def check_submissions(
             )
         elif final.state == "ended" and (active or workload not in release_tried):
             violations.append(f"workload {name} ended without a release or still holds {len(active)}")
-        elif final.state not in ("placed", "pending", "refused", "ended"):
+        elif final.state == "evicted" and active:
+            violations.append(f"workload {name} is evicted but still holds {len(active)} allocations")
+        elif final.state not in ("placed", "pending", "refused", "ended", "evicted"):
             violations.append(f"workload {name} ended in unexpected state {final.state!r}")
-        if workload in released_ok and (active or final.state != "ended"):
+        if workload in released_ok and (active or final.state not in ("ended", "evicted")):
             violations.append(f"workload {name} was released (acknowledged) but is {final.state}")
     return violations
 

@@ -12,6 +12,7 @@ own during an outage is restarted, as a container runtime would, and counted in 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import logging
@@ -19,25 +20,30 @@ import os
 import random
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
-from uuid import UUID
+from uuid import UUID, uuid4
 
 import httpx
 import nats
+import nats.errors
 import sqlalchemy as sa
+from nats.aio.client import Client as NatsClient
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.pool import NullPool
 from tfcommon import subjects
+from tfcommon.bus import NatsEventBus, cloudevent_headers
 from tfcommon.config import TfConfig
-from tfcommon.events import WorkloadRef
+from tfcommon.events import StartDefragCampaign, WorkloadRef
 from tfcommon.infra import EmbeddedNats, EmbeddedPostgres, die_with_parent
 from tfcommon.ledger import tables
 from tfcommon.ledger.migrate import upgrade_head
@@ -46,7 +52,9 @@ from tfcommon.tls import ensure_self_signed
 from tfmetrics.billing_api import pool_pricing
 from tfmetrics.core.billing import BillableShare, compute_bill
 from tfscheduler.core.view import allocation_id_for
+from tfwebhook.testing import a_pod, a_review, apply
 
+from tfctl.commands.submit import submission_for
 from tfctl.fault_checks import (
     FinalStatus,
     GpuCapacity,
@@ -59,6 +67,13 @@ from tfctl.fault_checks import (
     check_single_active,
     check_submissions,
     check_views_agree,
+)
+from tfctl.history_check import (
+    BillPeriod,
+    BusEvent,
+    HistoryFigures,
+    count_view_differences,
+    history_figures,
 )
 from tfctl.stack import Child, StackOptions, plan_children
 
@@ -73,6 +88,13 @@ PAUSE_S = 5.0
 """SIGSTOP length: past the client timeout, the scheduler's heartbeat timeout (3 heartbeats) and
 JetStream's first redelivery delay (1 s)."""
 CONVERGENCE_S = 10.0
+WEBHOOK_SHARE = 0.5
+"""Share of submissions admitted through the webhook's `POST /mutate-v1-pod` first (the pod it
+mutates is then submitted as `tfctl submit` does); the others go to the scheduler's API directly."""
+PROTECTED_SHARE = 0.3
+PROTECTION_S = 4
+DEFRAG_EVERY_S = 4.0
+"""Share of submissions asking for eviction protection, and how long (billed at the surcharge)."""
 SETTLE_TIMEOUT_S = 60.0
 BILL_QUANTUM = Decimal("0.000001")
 ALLOCATION_CONSUMER_PREFIXES = (
@@ -81,10 +103,44 @@ ALLOCATION_CONSUMER_PREFIXES = (
 )
 
 
+DEFRAG_EVERY_NODE = {
+    "enabled": True,
+    "timezone": "UTC",
+    "maxDuration": "20s",
+    "utilizationThresholdPercent": 100,
+}
+DEFRAG_CONFIG = {
+    "gpuPools": [
+        {
+            "name": "default",
+            "isDefault": True,
+            "specTemplate": {"nodeManagerConfig": {"nodeCompaction": {"defrag": DEFRAG_EVERY_NODE}}},
+        }
+    ]
+}
+"""The pool `default` with defrag on every node (threshold 100%): the campaigns the load asks for
+move workloads while the faults run."""
+
+
+def _budgets() -> list[dict[str, Any]]:
+    """One PodDisruptionBudget per namespace over the load's workloads (`app: serve`): one away at a time."""
+    return [
+        {
+            "apiVersion": "policy/v1",
+            "kind": "PodDisruptionBudget",
+            "metadata": {"name": "serve", "namespace": namespace},
+            "spec": {"maxUnavailable": 1, "selector": {"matchLabels": {"app": "serve"}}},
+        }
+        for namespace in NAMESPACES
+    ]
+
+
 class FaultCampaignError(RuntimeError):
     """The campaign could not run (the stack did not start); the message says where its logs are."""
 
 
+HISTORY_FIGURES = ("acknowledged_operations", "lost", "doubled", "phantom", "bill_difference", "self_exits")
+"""The history checker's figures the report prints (and `fault_kinds`); all but the first must be 0."""
 SELF_EXIT_LOG_LINES = 30
 """Lines of a child's log kept in the report when it exits on its own."""
 
@@ -136,12 +192,20 @@ class FaultStack:
             "TF_API_TOKEN": API_TOKEN,
             "TF_HEARTBEAT_INTERVAL_S": str(HEARTBEAT_INTERVAL_S),
             "TF_LOG_LEVEL": "WARNING",
+            "TF_CONFIG_FILE": str(self._write_json("config.yaml", DEFRAG_CONFIG)),
+            "TF_DEFRAG_PDB_FILE": str(self._write_json("pdb.yaml", *_budgets())),
         }
         options = StackOptions(state_dir=self.state_dir, nodes=NODES, auto_ports=True)
         for child in plan_children(options):
             self.children[child.name] = ManagedChild(child, environment)
         await asyncio.gather(*(self.spawn(name) for name in self.children))
         await self.wait_ready(SETTLE_TIMEOUT_S)
+
+    def _write_json(self, name: str, *documents: Any) -> Path:
+        """YAML documents (JSON is YAML) in the stack's folder."""
+        path = self.state_dir / name
+        path.write_text("\n---\n".join(json.dumps(document) for document in documents))
+        return path
 
     async def spawn(self, name: str) -> None:
         managed = self.children[name]
@@ -248,6 +312,7 @@ class Generator:
 
     url: str
     rng: random.Random
+    webhook_url: str | None = None
     operations: list[Operation] = field(default_factory=list)
     live: list[tuple[WorkloadKey, UUID | None]] = field(default_factory=list)
     submitted: dict[WorkloadKey, dict[str, Any]] = field(default_factory=dict)
@@ -260,7 +325,7 @@ class Generator:
         uid = f"{self.rng.getrandbits(64):016x}"
         tflops = self.rng.choice((50_000, 100_000, 200_000))
         vram = self.rng.choice((8, 16, 24)) * GIB
-        body = {
+        body: dict[str, Any] = {
             "workload": {"namespace": namespace, "name": name, "uid": uid},
             "request": {
                 "pool": "default",
@@ -269,13 +334,61 @@ class Generator:
                 "vram_request_bytes": vram,
                 "vram_limit_bytes": vram,
             },
+            "labels": {"app": "serve"},
         }
+        if self.rng.random() < PROTECTED_SHARE:
+            body["eviction_protection_s"] = PROTECTION_S
         return (namespace, name, uid), body
+
+    async def _through_webhook(
+        self, client: httpx.AsyncClient, workload: WorkloadKey, body: dict[str, Any]
+    ) -> dict[str, Any] | str:
+        """The submission the webhook's mutation of a pod for `body` yields, or why there is none."""
+        namespace, name, uid = workload
+        request = body["request"]
+        pod = a_pod(
+            namespace=namespace,
+            name=name,
+            labels={"tensor-fusion.ai/enabled": "true", **body["labels"]},
+            annotations={
+                "tensor-fusion.ai/tflops-request": str(request["tflops_request_milli"] // 1000),
+                "tensor-fusion.ai/vram-request": f"{request['vram_request_bytes'] // GIB}Gi",
+            },
+            containers=[{"name": "app", "image": "img"}],
+        )
+        pod["metadata"]["uid"] = uid
+        try:
+            answer = await client.post(
+                f"{self.webhook_url}/mutate-v1-pod",
+                content=a_review(pod, uid=uid, namespace=namespace),
+                headers={"content-type": "application/json"},
+            )
+        except httpx.HTTPError as error:
+            return f"webhook: {type(error).__name__}"
+        if answer.status_code != 200:
+            return f"webhook: HTTP {answer.status_code}"
+        response = answer.json()["response"]
+        if not response.get("allowed"):
+            return f"webhook denied: {response.get('status')}"
+        patch = json.loads(base64.b64decode(response["patch"])) if response.get("patch") else []
+        submission = submission_for(apply(pod, patch), namespace, None)
+        if isinstance(submission, str):
+            return f"webhook: {submission}"
+        if "eviction_protection_s" in body:
+            submission["eviction_protection_s"] = body["eviction_protection_s"]
+        return submission
 
     async def submit(self, client: httpx.AsyncClient) -> None:
         workload, body = self._new_submission()
-        self.submitted[workload] = body
         invoked = time.monotonic()
+        if self.webhook_url is not None and self.rng.random() < WEBHOOK_SHARE:
+            mutated = await self._through_webhook(client, workload, body)
+            if isinstance(mutated, str):
+                # Nothing reached the scheduler: surely not done.
+                self._record("submit", workload, "fail", invoked, detail=mutated)
+                return
+            body = mutated
+        self.submitted[workload] = body
         try:
             answer = await client.post(f"{self.url}/api/v1/workloads", json=body)
         except (httpx.ConnectError, httpx.ConnectTimeout) as error:
@@ -356,7 +469,8 @@ class Generator:
 
     async def run(self, stop: asyncio.Event, workers: int = 3) -> None:
         headers = {"Authorization": f"Bearer {API_TOKEN}"}
-        async with httpx.AsyncClient(timeout=CLIENT_TIMEOUT_S, headers=headers) as client:
+        # verify=False: the webhook's certificate is the campaign's own self-signed one.
+        async with httpx.AsyncClient(timeout=CLIENT_TIMEOUT_S, headers=headers, verify=False) as client:
 
             async def work() -> None:
                 while not stop.is_set():
@@ -378,8 +492,175 @@ class Fault:
     inject: Callable[[FaultStack], Any]
 
 
-def fault_plan(stack: FaultStack) -> list[Fault]:
-    """Every fault once, in this order: SIGKILL each service, restart NATS, restart Postgres, pause."""
+@dataclass
+class Chaos:
+    """What the campaign did to the stack besides its load: the faults in order and what each left for
+    the checker (the stream sequences republished on purpose) and the report."""
+
+    injected: list[str] = field(default_factory=list)
+    republished: list[int] = field(default_factory=list)
+    backends_terminated: int = 0
+    poison_published: int = 0
+    poison_terminated: int = 0
+    defrag_requests: int = 0
+    not_run: dict[str, str] = field(default_factory=dict)
+
+
+TERMINATE_BACKENDS = sa.text(
+    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+    "WHERE datname = current_database() AND pid <> pg_backend_pid() AND backend_type = 'client backend'"
+)
+TERMINATE_ROUNDS = 5
+"""`pg_terminate_backend` rounds, 0.2 s apart, so that some land in the middle of a transaction."""
+SHORT_DUPLICATE_WINDOW_S = 1.0
+DISK_FULL_S = 3.0
+JETSTREAM_STORE_BYTES = 256 * 1024 * 1024
+"""The size of the tmpfs the JetStream store lives on (as root), which the disk-full fault fills."""
+TERMINATED_ADVISORIES = f"$JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED.{subjects.EVENTS_STREAM}.>"
+POISON_SUBJECTS = (subjects.ALLOCATION_CREATED, subjects.ALLOCATION_RELEASED)
+
+
+async def _quiet_error(error: Exception) -> None:
+    """nats-py's error callback: the campaign expects NATS to be away at times."""
+
+
+async def _nats(stack: FaultStack) -> NatsClient:
+    return await nats.connect(
+        stack.nats.url,
+        connect_timeout=2,
+        allow_reconnect=False,
+        error_cb=_quiet_error,
+        name="tfpool-fault-campaign",
+    )
+
+
+async def terminate_backends(stack: FaultStack, chaos: Chaos) -> None:
+    """`pg_terminate_backend` every service connection, five times over a second."""
+    engine = create_async_engine(ledger_url(stack.postgres.url), poolclass=NullPool)
+    try:
+        for _ in range(TERMINATE_ROUNDS):
+            async with engine.connect() as connection:
+                chaos.backends_terminated += (await connection.execute(TERMINATE_BACKENDS)).scalar_one()
+            await asyncio.sleep(0.2)
+    finally:
+        await engine.dispose()
+
+
+async def republish_after_window(stack: FaultStack, chaos: Chaos) -> None:
+    """Shrink the events stream's duplicate window to 1 s, wait past it, and publish the last released
+    allocation's `allocation.created` and `allocation.released` again with their original event ids
+    (stored again: past the window JetStream cannot know them); then restore the window."""
+    outbox = tables.outbox.c
+    engine = create_async_engine(ledger_url(stack.postgres.url), poolclass=NullPool)
+    try:
+        async with engine.connect() as connection:
+            rows = (
+                await connection.execute(
+                    sa.select(tables.outbox)
+                    .where(outbox.subject.in_(POISON_SUBJECTS), outbox.published_at.is_not(None))
+                    .order_by(outbox.id.desc())
+                    .limit(500)
+                )
+            ).all()
+    finally:
+        await engine.dispose()
+    released = next((row for row in rows if row.subject == subjects.ALLOCATION_RELEASED), None)
+    if released is None:
+        return
+    allocation = released.payload.get("allocation_id")
+    created = next(
+        (
+            row
+            for row in rows
+            if row.subject == subjects.ALLOCATION_CREATED and row.payload.get("allocation_id") == allocation
+        ),
+        None,
+    )
+    connection_ = await _nats(stack)
+    try:
+        js = connection_.jetstream()
+        config = (await js.stream_info(subjects.EVENTS_STREAM)).config
+        await js.update_stream(replace(config, duplicate_window=SHORT_DUPLICATE_WINDOW_S))
+        try:
+            await asyncio.sleep(SHORT_DUPLICATE_WINDOW_S * 2)
+            for row in (created, released):
+                if row is None:
+                    continue
+                headers = cloudevent_headers(
+                    event_id=str(row.event_id),
+                    event_type=row.event_type,
+                    source="fault-campaign",
+                    occurred_at=row.occurred_at,
+                )
+                ack = await js.publish(
+                    row.subject, json.dumps(row.payload).encode(), headers={**row.headers, **headers}
+                )
+                if not ack.duplicate:
+                    chaos.republished.append(ack.seq)
+        finally:
+            await js.update_stream(config)
+    finally:
+        await connection_.close()
+
+
+async def publish_poison(stack: FaultStack, chaos: Chaos) -> None:
+    """A malformed message on each subject the allocation consumers read; every consumer must end it
+    (JetStream's `MSG_TERMINATED` advisory, counted) and go on with the next message."""
+    connection_ = await _nats(stack)
+    try:
+        advisories = await connection_.subscribe(TERMINATED_ADVISORIES)
+        js = connection_.jetstream()
+        for subject in POISON_SUBJECTS:
+            await js.publish(subject, b"{not json", headers={"Nats-Msg-Id": f"poison-{uuid4()}"})
+            chaos.poison_published += 1
+        deadline = time.monotonic() + 5.0
+        while time.monotonic() < deadline:
+            with contextlib.suppress(TimeoutError):
+                await advisories.next_msg(timeout=max(deadline - time.monotonic(), 0.01))
+                chaos.poison_terminated += 1
+    finally:
+        await connection_.close()
+
+
+def mount_jetstream_store(store_dir: Path) -> str | None:
+    """Mount a tmpfs of `JETSTREAM_STORE_BYTES` on `store_dir` (so that it can be filled); None when
+    done, else why not (not root, or the mount was refused)."""
+    if os.geteuid() != 0:
+        return "not root: the JetStream store cannot get a file system of its own to fill"
+    store_dir.mkdir(parents=True, exist_ok=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={JETSTREAM_STORE_BYTES}", "tmpfs", str(store_dir)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return None if mounted.returncode == 0 else f"mount -t tmpfs refused: {mounted.stderr.strip()}"
+
+
+async def fill_disk(stack: FaultStack, chaos: Chaos) -> None:
+    """Fill the JetStream store's file system for `DISK_FULL_S`, free it, then restart NATS (a server
+    that hit ENOSPC disables JetStream until it restarts, as an operator would do)."""
+    filler = stack.nats.store_dir / "disk-full.bin"
+    await asyncio.to_thread(_fill, filler)
+    try:
+        await asyncio.sleep(DISK_FULL_S)  # the fault itself is the full disk, not a synchronisation
+    finally:
+        filler.unlink()
+    await stack.restart_nats()
+
+
+def _fill(path: Path) -> None:
+    chunk = b"\0" * (1024 * 1024)
+    with path.open("wb", buffering=0) as sink, contextlib.suppress(OSError):
+        while True:
+            sink.write(chunk)
+
+
+def fault_plan(stack: FaultStack, chaos: Chaos) -> list[Fault]:
+    """Every fault once, in this order: SIGKILL each service, restart NATS, restart Postgres, pause
+    the scheduler and a node agent, `pg_terminate_backend`, a republish after the duplicate window, a
+    poison message, (when the store could be mounted) a full JetStream disk, then two pairs at once:
+    SIGKILL the scheduler while backends are terminated, restart NATS while the planner is killed."""
 
     def kill(name: str) -> Fault:
         async def inject(stack: FaultStack) -> None:
@@ -398,18 +679,41 @@ def fault_plan(stack: FaultStack) -> list[Fault]:
 
         return Fault(f"sigstop {name} {PAUSE_S:.0f}s", inject)
 
+    def with_chaos(name: str, action: Callable[[FaultStack, Chaos], Any]) -> Fault:
+        async def inject(stack: FaultStack) -> None:
+            await action(stack, chaos)
+
+        return Fault(name, inject)
+
     agents = [child.name for child in stack.agents()]
     plan = [kill(name) for name in stack.children]
     plan.append(Fault("restart nats", FaultStack.restart_nats))
     plan.append(Fault("restart postgres", FaultStack.restart_postgres))
     plan.append(pause("scheduler"))
     plan.append(pause(agents[0]))
+    plan.append(with_chaos("pg_terminate_backend", terminate_backends))
+    plan.append(with_chaos("republish after duplicate window", republish_after_window))
+    plan.append(with_chaos("poison message", publish_poison))
+    if "disk full" not in chaos.not_run:
+        plan.append(with_chaos("disk full", fill_disk))
+    plan.append(overlapping(kill("scheduler"), with_chaos("pg_terminate_backend", terminate_backends)))
+    plan.append(overlapping(Fault("restart nats", FaultStack.restart_nats), kill("defrag-planner")))
     return plan
+
+
+def overlapping(*faults: Fault) -> Fault:
+    """The faults at once: `a + b`."""
+
+    async def inject(stack: FaultStack) -> None:
+        await asyncio.gather(*(fault.inject(stack) for fault in faults))
+
+    return Fault(" + ".join(fault.name for fault in faults), inject)
 
 
 @dataclass
 class CampaignReport:
-    """What a campaign did and found; `violations` maps each invariant to its failures (all empty: pass)."""
+    """What a campaign did and found; `violations` maps each invariant to its failures (all empty:
+    pass); `figures` holds the history checker's seven figures (`tfctl.history_check`)."""
 
     seed: int
     duration_s: float
@@ -419,6 +723,8 @@ class CampaignReport:
     self_exit_logs: dict[str, list[str]]
     converged_after_s: float | None
     violations: dict[str, list[str]]
+    figures: dict[str, Any]
+    chaos: dict[str, Any]
     state_dir: str
 
     @property
@@ -426,10 +732,17 @@ class CampaignReport:
         return sum(len(found) for found in self.violations.values())
 
     def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "violation_count": self.violation_count}
+        report = asdict(self)
+        report["self_exits_by_service"] = report.pop("self_exits")
+        figures = {key: value for key, value in self.figures.items() if key != "examples"}
+        return {**report, **figures, "violation_count": self.violation_count}
 
 
 async def _campaign(duration_s: float, seed: int, state_dir: Path) -> CampaignReport:
+    chaos = Chaos()
+    reason = await asyncio.to_thread(mount_jetstream_store, state_dir / "nats")
+    if reason is not None:
+        chaos.not_run["disk full"] = reason
     stack = FaultStack(
         state_dir=state_dir,
         nats=EmbeddedNats(store_dir=state_dir / "nats", die_with_parent=True),
@@ -439,22 +752,23 @@ async def _campaign(duration_s: float, seed: int, state_dir: Path) -> CampaignRe
         await stack.start()
         log.info("stack ready in %s", state_dir)
         started_at = datetime.now(UTC)
-        generator = Generator(stack.scheduler_url, random.Random(seed))
+        generator = Generator(stack.scheduler_url, random.Random(seed), stack.children["webhook"].child.url)
         stop_load, stop_supervisor = asyncio.Event(), asyncio.Event()
         supervisor = asyncio.create_task(stack.supervise(stop_supervisor))
         load = asyncio.create_task(generator.run(stop_load))
-        injected = await _inject_faults(stack, duration_s)
+        defrag = asyncio.create_task(_request_defrag(stack, stop_load, chaos))
+        await _inject_faults(stack, duration_s, chaos)
         stop_load.set()
-        await load
+        await asyncio.gather(load, defrag)
         log.info("load stopped after %d operations; settling", len(generator.operations))
         await stack.wait_ready(SETTLE_TIMEOUT_S)
         stop_supervisor.set()
         await supervisor
         engine = create_async_engine(ledger_url(stack.postgres.url))
         try:
-            converged_after_s, view_violations = await _converge(stack, engine)
+            converged_after_s, view_violations, views = await _converge(stack, engine)
             log.info("views converged: %s; checking the invariants", converged_after_s)
-            violations = await _check_everything(stack, engine, generator, started_at)
+            violations, figures = await _check_everything(stack, engine, generator, started_at, chaos, views)
         finally:
             await engine.dispose()
         violations["views agree within 10 s"] = view_violations
@@ -465,7 +779,7 @@ async def _campaign(duration_s: float, seed: int, state_dir: Path) -> CampaignRe
             seed=seed,
             duration_s=duration_s,
             operations=_count_operations(generator.operations),
-            faults=injected,
+            faults=chaos.injected,
             self_exits={
                 name: managed.self_exits for name, managed in stack.children.items() if managed.self_exits
             },
@@ -474,27 +788,58 @@ async def _campaign(duration_s: float, seed: int, state_dir: Path) -> CampaignRe
             },
             converged_after_s=converged_after_s,
             violations=violations,
+            figures=figures.as_dict(),
+            chaos={
+                key: value for key, value in asdict(chaos).items() if key not in ("injected", "republished")
+            }
+            | {"republished": len(chaos.republished)},
             state_dir=str(state_dir),
         )
     finally:
         await stack.stop()
+        if reason is None:
+            await asyncio.to_thread(
+                subprocess.run, ["umount", "--lazy", str(state_dir / "nats")], check=False
+            )
 
 
-async def _inject_faults(stack: FaultStack, duration_s: float) -> list[str]:
-    plan = fault_plan(stack)
+async def _inject_faults(stack: FaultStack, duration_s: float, chaos: Chaos) -> None:
+    plan = fault_plan(stack, chaos)
     gap_s = max(duration_s / (len(plan) + 1), 0.5)
     deadline = time.monotonic() + duration_s
-    injected: list[str] = []
     index = 0
     while time.monotonic() < deadline or index < len(plan):
         await asyncio.sleep(min(gap_s, max(deadline - time.monotonic(), 0.5)))
         fault = plan[index % len(plan)]
         log.info("injecting %s", fault.name)
         await fault.inject(stack)
-        injected.append(fault.name)
+        chaos.injected.append(fault.name)
         index += 1
         await stack.wait_ready(SETTLE_TIMEOUT_S)
-    return injected
+
+
+async def _request_defrag(stack: FaultStack, stop: asyncio.Event, chaos: Chaos) -> None:
+    """Ask the defrag planner for a campaign on the default pool every `DEFRAG_EVERY_S` (on NATS, as
+    `tfctl defrag run --now` does) while the load runs; a request NATS does not take is skipped."""
+    while not stop.is_set():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), timeout=DEFRAG_EVERY_S)
+            return
+        try:
+            connection_ = await _nats(stack)
+        except (nats.errors.Error, OSError, TimeoutError):
+            continue
+        try:
+            bus = NatsEventBus(connection_, connection_.jetstream(timeout=2.0), "fault-campaign")
+            await bus.publish(
+                StartDefragCampaign(event_id=uuid4(), occurred_at=datetime.now(UTC), pool="default")
+            )
+            chaos.defrag_requests += 1
+        except (nats.errors.Error, OSError, TimeoutError):
+            pass
+        finally:
+            with contextlib.suppress(nats.errors.Error):
+                await connection_.close()
 
 
 def _count_operations(operations: list[Operation]) -> dict[str, int]:
@@ -514,48 +859,98 @@ async def _open_allocations(engine: AsyncEngine) -> set[UUID]:
         return {row.allocation_id for row in rows}
 
 
-async def _converge(stack: FaultStack, engine: AsyncEngine) -> tuple[float | None, list[str]]:
+@dataclass
+class Views:
+    """The open allocations as the ledger, the scheduler and the node agents last saw them."""
+
+    ledger: set[UUID] = field(default_factory=set)
+    scheduler: set[UUID] = field(default_factory=set)
+    agents: set[UUID] = field(default_factory=set)
+
+
+async def _converge(stack: FaultStack, engine: AsyncEngine) -> tuple[float | None, list[str], Views]:
     started = time.monotonic()
     found: list[str] = []
     async with httpx.AsyncClient(timeout=2.0) as client:
         while True:
-            ledger = await _open_allocations(engine)
-            scheduler: set[UUID] = set()
-            agents: set[UUID] = set()
+            views = Views(ledger=await _open_allocations(engine))
             complete = True
             with contextlib.suppress(httpx.HTTPError):
                 answer = await client.get(f"{stack.scheduler_url}/api/v1/allocations")
-                scheduler = {UUID(item["id"]) for item in answer.json()}
+                views.scheduler = {UUID(item["id"]) for item in answer.json()}
             for agent in stack.agents():
                 try:
                     answer = await client.get(f"{agent.url}/api/v1/workers")
-                    agents |= {UUID(worker["worker_uid"]) for worker in answer.json()["data"]}
+                    views.agents |= {UUID(worker["worker_uid"]) for worker in answer.json()["data"]}
                 except httpx.HTTPError:
                     complete = False
-            found = check_views_agree(ledger, scheduler, agents, complete)
+            found = check_views_agree(views.ledger, views.scheduler, views.agents, complete)
             elapsed = time.monotonic() - started
             if not found:
-                return round(elapsed, 2), []
+                return round(elapsed, 2), [], views
             if elapsed > CONVERGENCE_S:
-                return None, found
+                return None, found, views
             await asyncio.sleep(0.25)
 
 
 async def _check_everything(
-    stack: FaultStack, engine: AsyncEngine, generator: Generator, started_at: datetime
-) -> dict[str, list[str]]:
-    history = await _history(engine)
-    gpus = await _gpus(engine)
-    finals, allocated = await _finals(stack, engine, generator)
-    bus = await _bus_violations(stack, engine)
-    bill = await _bill_violations(stack, engine, started_at - timedelta(minutes=1))
-    return {
+    stack: FaultStack,
+    engine: AsyncEngine,
+    generator: Generator,
+    started_at: datetime,
+    chaos: Chaos,
+    views: Views,
+) -> tuple[dict[str, list[str]], HistoryFigures]:
+    deadline = time.monotonic() + CONVERGENCE_S
+    while True:  # one snapshot: read again while pending work still lands meanwhile
+        mark = await _history_mark(engine)
+        history = await _history(engine)
+        gpus = await _gpus(engine)
+        finals, allocated = await _finals(stack, engine, generator)
+        bus, events = await _bus_events(stack, engine, frozenset(chaos.republished))
+        bill, period = await _bill_violations(stack, engine, started_at - timedelta(minutes=1))
+        pending = await _pending_lineages(stack)
+        if await _history_mark(engine) == mark or time.monotonic() > deadline:
+            break
+    violations = {
         "gpu over capacity": check_capacity(history, gpus),
         "pod with two active allocations": check_single_active(history),
         "submission outcome": check_submissions(generator.operations, finals, allocated),
         "bus exactly once": bus,
         "bill conserves": bill,
     }
+    figures = history_figures(
+        generator.operations,
+        generator.submitted,
+        history,
+        events,
+        pending,
+        period or BillPeriod(started_at, started_at, BILL_QUANTUM, Decimal(0)),
+        republished=frozenset(chaos.republished),
+        self_exits=sum(managed.self_exits for managed in stack.children.values()),
+        faults=chaos.injected,
+    )
+    if period is None:
+        figures.count("lost", "the metrics service answered no bill")
+    count_view_differences(figures, views.ledger, views.scheduler, views.agents)
+    return violations, figures
+
+
+async def _history_mark(engine: AsyncEngine) -> int | None:
+    """The newest `allocation_history` id: unchanged means no allocation changed in between."""
+    async with engine.connect() as connection:
+        mark: int | None = (
+            await connection.execute(sa.func.max(tables.allocation_history.c.id).select())
+        ).scalar()
+    return mark
+
+
+async def _pending_lineages(stack: FaultStack) -> dict[tuple[str, str], str | None]:
+    """The workloads the scheduler holds pending now, by namespace and name."""
+    async with httpx.AsyncClient(timeout=5.0) as client:
+        answer = await client.get(f"{stack.scheduler_url}/api/v1/workloads", params={"state": "pending"})
+    answer.raise_for_status()
+    return {(item["namespace"], item["name"]): item.get("reason") for item in answer.json()}
 
 
 async def _history(engine: AsyncEngine) -> list[HistoryRow]:
@@ -672,7 +1067,11 @@ async def _scheduler_states(
     return states
 
 
-async def _bus_violations(stack: FaultStack, engine: AsyncEngine) -> list[str]:
+async def _bus_events(
+    stack: FaultStack, engine: AsyncEngine, republished: frozenset[int]
+) -> tuple[list[str], list[BusEvent]]:
+    """The bus invariants' violations, and every stored message on the subjects the outbox wrote to
+    (and `tf.evt.pod.evicted`), read back from the stream."""
     outbox = tables.outbox.c
     async with engine.connect() as connection:
         rows = (
@@ -682,17 +1081,18 @@ async def _bus_violations(stack: FaultStack, engine: AsyncEngine) -> list[str]:
     connection_ = await nats.connect(stack.nats.url)
     try:
         js = connection_.jetstream()
-        message_ids: list[str] = []
-        for subject in sorted({row.subject for row in rows}):
-            message_ids += await _stream_message_ids(js, subject)
+        events: list[BusEvent] = []
+        for subject in sorted({row.subject for row in rows} | {subjects.POD_EVICTED}):
+            events += await _stream_events(js, subject)
         backlogs = await _consumer_backlogs(js)
     finally:
         await connection_.close()
-    return check_bus(published, message_ids, backlogs)
+    message_ids = [event.message_id for event in events if event.sequence not in republished]
+    return check_bus(published, message_ids, backlogs), events
 
 
-async def _stream_message_ids(js: Any, subject: str) -> list[str]:
-    """The `Nats-Msg-Id` of every message on `subject` stored so far (new ones are not waited for)."""
+async def _stream_events(js: Any, subject: str) -> list[BusEvent]:
+    """Every message on `subject` stored so far (new ones are not waited for)."""
     last = (await js.stream_info(subjects.EVENTS_STREAM)).state.last_seq
     subscription = await js.pull_subscribe(
         subject,
@@ -700,19 +1100,32 @@ async def _stream_message_ids(js: Any, subject: str) -> list[str]:
         stream=subjects.EVENTS_STREAM,
         config=ConsumerConfig(ack_policy=AckPolicy.NONE, deliver_policy=DeliverPolicy.ALL),
     )
-    message_ids: list[str] = []
+    events: list[BusEvent] = []
     try:
         while True:
             try:
                 batch = await subscription.fetch(batch=500, timeout=1.0)
             except TimeoutError:  # nats.errors.TimeoutError, or asyncio's when the deadline ran out first
-                return message_ids
+                return events
             for message in batch:
-                message_ids.append((message.headers or {}).get("Nats-Msg-Id", ""))
+                events.append(
+                    BusEvent(
+                        sequence=message.metadata.sequence.stream,
+                        subject=message.subject,
+                        message_id=(message.headers or {}).get("Nats-Msg-Id", ""),
+                        allocation_id=_allocation_of(message.data),
+                    )
+                )
                 if message.metadata.sequence.stream >= last:
-                    return message_ids
+                    return events
     finally:
         await subscription.unsubscribe()
+
+
+def _allocation_of(payload: bytes) -> UUID | None:
+    with contextlib.suppress(ValueError, TypeError, AttributeError):
+        return UUID(json.loads(payload).get("allocation_id"))
+    return None
 
 
 async def _consumer_backlogs(js: Any) -> dict[str, tuple[int, int]]:
@@ -734,7 +1147,11 @@ async def _consumer_backlogs(js: Any) -> dict[str, tuple[int, int]]:
         await asyncio.sleep(0.25)
 
 
-async def _bill_violations(stack: FaultStack, engine: AsyncEngine, start: datetime) -> list[str]:
+async def _bill_violations(
+    stack: FaultStack, engine: AsyncEngine, start: datetime
+) -> tuple[list[str], BillPeriod | None]:
+    """The bill checked against the billing core over the history (`check_bill`), and the period and
+    total the metrics service billed (None when it did not answer) for the independent oracle."""
     end = datetime.now(UTC)
     history, allocation, gpu = tables.allocation_history.c, tables.allocation.c, tables.gpu.c
     query = sa.select(
@@ -815,10 +1232,11 @@ async def _bill_violations(stack: FaultStack, engine: AsyncEngine, start: dateti
     async with httpx.AsyncClient(timeout=10.0) as client:
         answer = await client.get(f"{stack.metrics_url}/api/v1/billing", params=params)
     if answer.status_code != 200:
-        return [f"GET /api/v1/billing answered {answer.status_code}: {answer.text[:300]}"]
+        return [f"GET /api/v1/billing answered {answer.status_code}: {answer.text[:300]}"], None
     billed = answer.json()
     billed_hours = {group["key"]: group["gpuHours"] for group in billed["groups"]}
-    return check_bill(str(expected.cost), billed["cost"], seconds, billed_hours)
+    period = BillPeriod(start, end, BILL_QUANTUM, Decimal(billed["cost"]))
+    return check_bill(str(expected.cost), billed["cost"], seconds, billed_hours), period
 
 
 def run_fault_campaign(duration_s: float, seed: int, state_dir: Path | None = None) -> dict[str, Any]:
@@ -846,12 +1264,21 @@ def print_report(report: dict[str, Any], json_output: bool) -> None:
     outcomes = ", ".join(f"{kind} {count}" for kind, count in operations.items() if kind != "total")
     print(f"operations: {operations['total']} ({outcomes})")
     print(f"faults injected: {len(report['faults'])} ({', '.join(report['faults'])})")
-    print(f"services that exited on their own and were restarted: {report['self_exits'] or 'none'}")
+    exits = report["self_exits_by_service"]
+    print(f"services that exited on their own and were restarted: {exits or 'none'}")
     for name, logs in report.get("self_exit_logs", {}).items():
         for exit_log in logs:
             print(f"{name}: {exit_log}")
     print(f"converged after: {report['converged_after_s']} s")
     print(f"violations: {report['violation_count']}")
+    print(
+        "history: "
+        + ", ".join(f"{key} {report[key]}" for key in HISTORY_FIGURES)
+        + f"; fault kinds: {', '.join(report['fault_kinds'])}"
+    )
+    for figure_name, examples in report["figures"]["examples"].items():
+        for example in examples:
+            print(f"  {figure_name}: {example}")
     for invariant, found in report["violations"].items():
         for violation in found[:10]:
             print(f"  {invariant}: {violation}")

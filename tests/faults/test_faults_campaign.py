@@ -7,6 +7,8 @@ timeouts; each test then asserts one invariant of its report. `make bench` runs 
 
 from __future__ import annotations
 
+import os
+from decimal import Decimal
 from typing import Any
 
 import pytest
@@ -63,4 +65,26 @@ def test_agents_ledger_and_scheduler_agree_within_ten_seconds(report: dict[str, 
 
 def test_no_service_stops_on_its_own_during_an_outage(report: dict[str, Any]) -> None:
     # Under `tfctl up` a child that exits stops the whole stack, so an outage must not end any service.
-    assert report["self_exits"] == {}, report["self_exit_logs"]
+    assert report["self_exits"] == 0, report["self_exit_logs"]
+    assert report["self_exits_by_service"] == {}
+
+
+def test_the_history_checker_finds_nothing_lost_doubled_phantom_or_misbilled(report: dict[str, Any]) -> None:
+    examples = report["figures"]["examples"]
+    assert report["acknowledged_operations"] >= 50
+    assert (report["lost"], report["doubled"], report["phantom"]) == (0, 0, 0), examples
+    assert Decimal(report["bill_difference"]) == 0, report["figures"]["oracle_cost"]
+    assert report["self_exits"] == 0
+
+
+def test_the_campaign_injected_every_kind_of_fault_real_on_this_machine(report: dict[str, Any]) -> None:
+    kinds = set(report["fault_kinds"])
+    assert {"sigkill", "sigstop", "restart nats", "restart postgres", "pg_terminate_backend"} <= kinds
+    assert {"republish after duplicate window", "poison message", "overlapping"} <= kinds
+    assert report["chaos"]["backends_terminated"] > 0
+    assert report["chaos"]["republished"] >= 1
+    assert report["chaos"]["poison_terminated"] >= 2
+    assert report["chaos"]["defrag_requests"] >= 1
+    assert report["operations"].get("submit-ok", 0) > 0
+    if os.geteuid() == 0:
+        assert "disk full" in kinds, report["chaos"]["not_run"]
