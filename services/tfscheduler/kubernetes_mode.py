@@ -284,15 +284,19 @@ class KubernetesMode:
 
     async def _bind(self, pod: Pod, status: WorkloadStatus) -> None:
         assert status.node is not None
-        annotations = bind_annotations(pod, status.gpu_uuids)
-        if any(pod.annotations.get(key) != value for key, value in annotations.items()):
-            patched = await self.cluster.patch_pod_metadata(pod.namespace, pod.name, annotations=annotations)
-            if isinstance(patched, NotFound):
-                await self._roll_back(pod, status, f"pod gone before binding: {patched.message}")
-                return
-        bound = await self.cluster.bind_pod(pod.namespace, pod.name, status.node, uid=pod.uid)
+        # One write: the Binding carries `gpu-ids` and `container-gpus`, which the API server sets on the
+        # pod together with its node, so no pod is ever bound without them (nor annotated and unbound).
+        annotations = {
+            key: value for key, value in bind_annotations(pod, status.gpu_uuids).items() if value is not None
+        }
+        bound = await self.cluster.bind_pod(
+            pod.namespace, pod.name, status.node, uid=pod.uid, annotations=annotations
+        )
         if isinstance(bound, Bound):
             self._placed(pod)
+            return
+        if isinstance(bound, NotFound):
+            await self._roll_back(pod, status, f"pod gone before binding: {bound.message}")
             return
         current = await self.cluster.get_pod(pod.namespace, pod.name)
         if current is not None and current.uid == pod.uid and current.node_name == status.node:

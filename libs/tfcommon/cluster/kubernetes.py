@@ -426,9 +426,15 @@ class KubernetesCluster:
         return await self._patch(_pods_path(namespace, name), body)
 
     async def bind_pod(
-        self, namespace: str, name: str, node_name: str, *, uid: str | None = None
+        self,
+        namespace: str,
+        name: str,
+        node_name: str,
+        *,
+        uid: str | None = None,
+        annotations: Mapping[str, str] | None = None,
     ) -> BindResult:
-        body = binding_body(namespace, name, node_name, uid)
+        body = binding_body(namespace, name, node_name, uid, annotations)
         reply = await self._request("POST", _pods_path(namespace, name, "binding"), body=body)
         if reply.ok:
             return Bound(node_name)

@@ -274,24 +274,32 @@ def unschedulable_condition(message: str, now: datetime) -> dict[str, Any]:
 
 def scheduling_event(pod: Pod, message: str, reporter: str, now: datetime) -> dict[str, Any]:
     """A core/v1 Warning Event `FailedScheduling` about `pod`, as `kubectl describe pod` shows it."""
+    involved = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "namespace": pod.namespace,
+        "name": pod.name,
+        "uid": pod.uid,
+        "resourceVersion": pod.resource_version,
+    }
+    return warning_event(pod.namespace, involved, "FailedScheduling", message, reporter, now)
+
+
+def warning_event(
+    namespace: str, involved: Mapping[str, Any], reason: str, message: str, reporter: str, now: datetime
+) -> dict[str, Any]:
+    """A core/v1 Warning Event in `namespace` about the `involved` object (`involvedObject`)."""
     stamp = format_timestamp(now)
     return {
         "apiVersion": "v1",
         "kind": "Event",
         "metadata": {
-            "namespace": pod.namespace,
-            "name": f"{pod.name}.{int(now.timestamp() * 1_000_000):x}",
+            "namespace": namespace,
+            "name": f"{involved['name']}.{int(now.timestamp() * 1_000_000):x}",
         },
-        "involvedObject": {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "namespace": pod.namespace,
-            "name": pod.name,
-            "uid": pod.uid,
-            "resourceVersion": pod.resource_version,
-        },
+        "involvedObject": dict(involved),
         "type": "Warning",
-        "reason": "FailedScheduling",
+        "reason": reason,
         "message": message,
         "source": {"component": reporter},
         "reportingComponent": reporter,
@@ -302,11 +310,16 @@ def scheduling_event(pod: Pod, message: str, reporter: str, now: datetime) -> di
     }
 
 
-def binding_body(namespace: str, name: str, node_name: str, uid: str | None) -> dict[str, Any]:
-    """A Binding; with `uid` the API server refuses it if the pod was recreated under the same name."""
+def binding_body(
+    namespace: str, name: str, node_name: str, uid: str | None, annotations: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """A Binding; with `uid` the API server refuses it if the pod was recreated under the same name. Its
+    `annotations` are set on the pod in the same write as `spec.nodeName` (the API server copies them)."""
     meta: dict[str, Any] = {"namespace": namespace, "name": name}
     if uid:
         meta["uid"] = uid
+    if annotations:
+        meta["annotations"] = dict(annotations)
     return {
         "apiVersion": "v1",
         "kind": "Binding",

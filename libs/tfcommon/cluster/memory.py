@@ -225,7 +225,13 @@ class InMemoryCluster:
         return self._update(("pods", namespace, name), patch)
 
     async def bind_pod(
-        self, namespace: str, name: str, node_name: str, *, uid: str | None = None
+        self,
+        namespace: str,
+        name: str,
+        node_name: str,
+        *,
+        uid: str | None = None,
+        annotations: Mapping[str, str] | None = None,
     ) -> BindResult:
         stored = self._objects.get(("pods", namespace, name))
         if stored is None:
@@ -234,7 +240,10 @@ class InMemoryCluster:
             return Conflict(f'pods "{name}": uid {uid} does not match {stored["metadata"]["uid"]}')
         if (stored.get("spec") or {}).get("nodeName"):
             return Conflict(f'pod {name} is already assigned to node "{stored["spec"]["nodeName"]}"')
-        self._update(("pods", namespace, name), {"spec": {"nodeName": node_name}})
+        update: dict[str, Any] = {"spec": {"nodeName": node_name}}
+        if annotations:
+            update["metadata"] = {"annotations": dict(annotations)}
+        self._update(("pods", namespace, name), update)
         return Bound(node_name)
 
     async def evict_pod(self, namespace: str, name: str) -> EvictionResult:

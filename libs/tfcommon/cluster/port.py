@@ -92,11 +92,18 @@ class Cluster(Protocol):
         ...
 
     async def bind_pod(
-        self, namespace: str, name: str, node_name: str, *, uid: str | None = None
+        self,
+        namespace: str,
+        name: str,
+        node_name: str,
+        *,
+        uid: str | None = None,
+        annotations: Mapping[str, str] | None = None,
     ) -> BindResult:
-        """Create the pod's Binding to `node_name`.
+        """Create the pod's Binding to `node_name`, setting `annotations` on the pod in the same write.
 
-        `Conflict` if it is already bound, or if `uid` no longer matches (the pod was recreated)."""
+        `Conflict` if it is already bound, or if `uid` no longer matches (the pod was recreated); then
+        no annotation is written either."""
         ...
 
     async def evict_pod(self, namespace: str, name: str) -> EvictionResult:

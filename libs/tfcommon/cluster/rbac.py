@@ -26,7 +26,7 @@ _CUSTOM_STATUS = tuple(f"{plural}/status" for plural in _CUSTOM_RESOURCES)
 
 REQUIRED_RBAC: dict[str, list[PolicyRule]] = {
     "scheduler": [
-        PolicyRule("", ("pods",), ("get", "list", "watch", "patch")),
+        PolicyRule("", ("pods",), ("get", "list", "watch")),
         PolicyRule("", ("pods/binding",), ("create",)),
         PolicyRule("", ("pods/eviction",), ("create",)),
         PolicyRule("", ("pods/status",), ("patch",)),

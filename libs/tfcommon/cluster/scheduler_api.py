@@ -342,7 +342,13 @@ class SchedulerApiCluster(InMemoryCluster):
         raise ClusterError(501, "NotImplemented", "local mode has no pod watch; list the workloads instead")
 
     async def bind_pod(
-        self, namespace: str, name: str, node_name: str, *, uid: str | None = None
+        self,
+        namespace: str,
+        name: str,
+        node_name: str,
+        *,
+        uid: str | None = None,
+        annotations: Mapping[str, str] | None = None,
     ) -> BindResult:
         raise ClusterError(501, "NotImplemented", "local mode: the scheduler places its workloads itself")
 

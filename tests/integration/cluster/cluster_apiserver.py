@@ -227,7 +227,10 @@ class ApiServerState:
             raise _status(
                 409, "Conflict", f'pod {key[2]} is already assigned to node "{pod["spec"]["nodeName"]}"'
             )
-        updated = _merge(pod, {"spec": {"nodeName": binding["target"]["name"]}})
+        annotations = (binding.get("metadata") or {}).get("annotations") or {}
+        updated = _merge(
+            pod, {"metadata": {"annotations": annotations}, "spec": {"nodeName": binding["target"]["name"]}}
+        )
         self._commit(key, updated, "MODIFIED", pod)
         return {"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 201}
 

@@ -145,6 +145,28 @@ async def test_binds_a_pod_once_and_a_second_binding_conflicts(harness: Harness)
     assert (await harness.cluster.list_pending_pods(SCHEDULER)).items == ()
 
 
+async def test_a_binding_sets_its_annotations_on_the_pod_in_the_same_write(harness: Harness) -> None:
+    manifest = a_pod("p")
+    manifest["metadata"]["annotations"] = {"kept": "yes"}
+    harness.put_pod(manifest)
+    pod = await harness.cluster.get_pod("default", "p")
+    assert pod is not None
+    ids = {"tensor-fusion.ai/gpu-ids": "gpu-1,gpu-2"}
+
+    first = await harness.cluster.bind_pod("default", "p", "node-a", uid=pod.uid, annotations=ids)
+    second = await harness.cluster.bind_pod(
+        "default", "p", "node-b", uid=pod.uid, annotations={"tensor-fusion.ai/gpu-ids": "gpu-9"}
+    )
+
+    bound = await harness.cluster.get_pod("default", "p")
+    assert first == Bound("node-a")
+    assert isinstance(second, Conflict)
+    assert bound is not None
+    assert bound.node_name == "node-a"
+    assert bound.annotations["tensor-fusion.ai/gpu-ids"] == "gpu-1,gpu-2"  # the refused binding wrote nothing
+    assert bound.annotations["kept"] == "yes"
+
+
 async def test_binding_a_recreated_pod_with_the_old_uid_conflicts(harness: Harness) -> None:
     harness.put_pod(a_pod("p"))
 
