@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -226,11 +226,17 @@ def parse_config(text: str, *, source: str = "configuration") -> TfConfig:
     try:
         return TfConfig.model_validate(document)
     except ValidationError as error:
-        problems = []
-        for detail in error.errors():
-            message = str(detail["msg"]).removeprefix("Value error, ").replace("a valid tuple", "a list")
-            problems.append(f"{_field_path(detail['loc'])}: {message}")
-        raise ConfigError(f"{source}: " + "; ".join(problems)) from None
+        raise ConfigError(f"{source}: " + "; ".join(validation_problems(error))) from None
+
+
+def validation_problems(error: ValidationError, prefix: str = "") -> list[str]:
+    """Each problem as `field.path: what is wrong and the fix`, the path starting with `prefix`."""
+    problems = []
+    for detail in error.errors():
+        message = str(detail["msg"]).removeprefix("Value error, ").replace("a valid tuple", "a list")
+        path = _field_path([*([prefix] if prefix else []), *detail["loc"]])
+        problems.append(f"{path}: {message}")
+    return problems
 
 
 def load_config(path: Path | None) -> TfConfig:
@@ -250,6 +256,13 @@ def _file_signature(path: Path) -> tuple[int, int, int] | None:
     except OSError:
         return None
     return (status.st_mtime_ns, status.st_size, status.st_ino)
+
+
+class ConfigProvider(Protocol):
+    """What services read the configuration through: `ConfigSource` (the file), or in Kubernetes mode
+    `tfcommon.pool_source.ClusterPoolSource` (pools from GPUPool objects)."""
+
+    def current(self) -> TfConfig: ...
 
 
 class ConfigSource:

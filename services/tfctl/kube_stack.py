@@ -194,7 +194,7 @@ class KubernetesStack(Stack):
         kubeconfigs = await self._service_kubeconfigs()
         for child in children:
             kubeconfig = str(kubeconfigs[child.service])
-            child.environment.update({"KUBECONFIG": kubeconfig})
+            child.environment.update({"KUBECONFIG": kubeconfig, "TF_GPU_POOLS": "cluster"})  # GPUPool objects
             if child.service == "scheduler":
                 child.environment.update(
                     {

@@ -14,15 +14,17 @@ from datetime import UTC, datetime, timedelta
 
 from tfcommon import subjects
 from tfcommon.cluster import Cluster
+from tfcommon.cluster.kubernetes import KubernetesCluster
 from tfcommon.cluster.scheduler_api import SchedulerApiCluster
 from tfcommon.config import ConfigSource
 from tfcommon.consumer import run_pull_consumer
+from tfcommon.pool_source import wire_gpu_pools
 from tfcommon.runtime import Components, ServiceContext, ServiceSpec, run_service
 from tfcommon.settings import DefragSettings
 
 from tfdefrag.api import build_router
 from tfdefrag.campaign import CampaignDeps, ExecutorSettings
-from tfdefrag.service import DefragService
+from tfdefrag.service import DefragService, pool_spec_problems
 from tfdefrag.store import CampaignStore
 
 SERVICE = "defrag-planner"
@@ -30,8 +32,6 @@ SERVICE = "defrag-planner"
 
 def default_cluster(settings: DefragSettings) -> Cluster:
     if os.environ.get("KUBERNETES_SERVICE_HOST") or os.environ.get("KUBECONFIG"):
-        from tfcommon.cluster.kubernetes import KubernetesCluster
-
         return KubernetesCluster.from_environment()
     return SchedulerApiCluster(
         settings.defrag_scheduler_url,
@@ -60,7 +60,15 @@ def make_compose(
             clock=utc_now,
             settings=ExecutorSettings(replacement_timeout=timedelta(seconds=settings.replacement_timeout_s)),
         )
-        service = DefragService(deps=deps, config=ConfigSource(settings.config_file))
+        pools, pool_tasks = wire_gpu_pools(
+            ConfigSource(settings.config_file),
+            service=SERVICE,
+            stop=context.stopping,
+            checks=[pool_spec_problems],
+            cluster=cluster if isinstance(cluster, KubernetesCluster) else None,
+            on_close=context.cleanup.callback,
+        )
+        service = DefragService(deps=deps, config=pools)
 
         async def start_campaigns() -> None:
             await run_pull_consumer(
@@ -77,6 +85,7 @@ def make_compose(
             tasks={
                 "start-campaign": start_campaigns,
                 "tick": lambda: service.run_ticks(context.stopping, settings.tick_interval_s),
+                **pool_tasks,
             },
         )
 

@@ -7,12 +7,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from tfcommon.config import ConfigSource, TfConfig
+from tfcommon.config import ConfigProvider, TfConfig
 from tfcommon.events import Message, StartDefragCampaign
 
 from tfdefrag.campaign import CampaignDeps, CampaignExecutor, Trigger
@@ -41,13 +41,24 @@ def pool_compaction(config: TfConfig, pool: str) -> CompactionConfig:
     return parse_node_compaction(pool, extra.get("nodeCompaction"))
 
 
+def pool_spec_problems(pool: str, spec: Mapping[str, Any]) -> list[str]:
+    """What is wrong in the sections of a GPUPool spec the planner reads (`nodeCompaction`,
+    `capacityConfig`): the check `tfcommon.pool_source` runs before a cluster pool's spec takes effect."""
+    manager = spec.get("nodeManagerConfig")
+    compaction = manager.get("nodeCompaction") if isinstance(manager, Mapping) else None
+    return [
+        *parse_node_compaction(pool, compaction).problems,
+        *parse_capacity(pool, spec.get("capacityConfig"))[2],
+    ]
+
+
 @dataclass
 class DefragService:
     """Owns the campaign tasks of this process (at most one per pool; replicas exclude each other
     through the store's lock)."""
 
     deps: CampaignDeps
-    config: ConfigSource
+    config: ConfigProvider
     campaigns: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     last_compaction: dict[str, datetime] = field(default_factory=dict)
 

@@ -17,12 +17,14 @@ from tfcommon import subjects
 from tfcommon.config import ConfigSource
 from tfcommon.consumer import run_pull_consumer
 from tfcommon.ledger.recommendations import RecommendationStore
+from tfcommon.pool_source import wire_gpu_pools
 from tfcommon.runtime import Components, ServiceContext, ServiceSpec, run_service
 from tfcommon.settings import MetricsSettings
 from tfcommon.telemetry import setup_telemetry
 
 from tfmetrics.billing_api import bill_from_ledger, bill_to_json, build_billing_router, utc_now
 from tfmetrics.core.billing import Bill
+from tfmetrics.core.pricing import pricing_problems
 from tfmetrics.core.recommendations import RecommendationPolicy
 from tfmetrics.core.series import Sample, snapshot_samples
 from tfmetrics.dashboard import DashboardSources, build_dashboard_router
@@ -42,7 +44,14 @@ _log = logging.getLogger("tfmetrics.app")
 async def compose(context: ServiceContext[MetricsSettings], clock: Clock = utc_now) -> Components:
     settings = context.settings
     setup_telemetry(context.name, settings.otlp_endpoint)
-    config = ConfigSource(settings.config_file)
+    config, pool_tasks = wire_gpu_pools(
+        ConfigSource(settings.config_file),
+        service=SERVICE,
+        stop=context.stopping,
+        checks=[pricing_problems],
+        report=False,  # its account only reads
+        on_close=context.cleanup.callback,
+    )
     view = LiveView(context.ledger, clock=clock)
     engine = context.ledger.engine
     history = PoolHistory(engine, clock, timedelta(seconds=settings.history_interval_s))
@@ -148,6 +157,7 @@ async def compose(context: ServiceContext[MetricsSettings], clock: Clock = utc_n
             build_recommendations_router(recommendations, config.current),
         ],
         tasks={
+            **pool_tasks,
             "refresh-ledger": refresh_ledger,
             "sample-history": sample_history,
             "recommend": recommend,

@@ -15,6 +15,7 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from datetime import timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -28,10 +29,11 @@ from tfcommon.cluster import Cluster
 from tfcommon.cluster.leader import ElectionTimings
 from tfcommon.cluster.leader_election import LeaderElector, default_identity, default_namespace
 from tfcommon.cluster.port import LeaseStore
-from tfcommon.config import load_config
+from tfcommon.config import ConfigSource, load_config
 from tfcommon.consumer import run_pull_consumer
 from tfcommon.events import AllocationReleased, Message, WorkloadSubmitted
 from tfcommon.ledger.outbox import OutboxRelay
+from tfcommon.pool_source import ClusterPoolSource, follow_gpu_pools
 from tfcommon.runtime import (
     Components,
     ServiceContext,
@@ -44,7 +46,7 @@ from tfcommon.settings import SchedulerKubernetesSettings, SchedulerSettings
 
 from tfscheduler.api import build_router, front_routes
 from tfscheduler.core.quota import NamespaceQuota, QuotaError, parse_quota
-from tfscheduler.engine import Scheduler
+from tfscheduler.engine import Scheduler, placement_problems
 from tfscheduler.inventory import inventory_handler
 from tfscheduler.kubernetes_mode import KubernetesScheduler, wire_kubernetes
 from tfscheduler.submission import Submission
@@ -188,6 +190,11 @@ async def compose(context: ServiceContext[SchedulerSettings]) -> Components:
             context=kubernetes.kube_context,
         )
         context.cleanup.callback(cluster.close)
+        pools = ClusterPoolSource(
+            ConfigSource(context.settings.config_file), service=SERVICE, checks=[placement_problems]
+        )
+        pools.listeners.append(partial(setattr, scheduler, "config"))  # read at each placement
+        tasks["gpu-pools"] = lambda: follow_gpu_pools(pools, cluster, stop)
         if kubernetes.leader_election:
             elector = leader_elector(cluster, kubernetes)
         del tasks["retry-pending"]  # the engine's retry would reserve pods that nobody binds

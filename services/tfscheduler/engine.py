@@ -61,6 +61,7 @@ from tfcommon.placement import (
     policy,
     prepare_policy_inputs,
 )
+from tfcommon.placement.registry import POLICIES
 
 from tfscheduler.core.learning import RecentWorkload, same_target
 from tfscheduler.core.preemption import Candidate, NoPreemption, Priority, plan_preemption
@@ -136,6 +137,16 @@ def placement_mode(config: TfConfig, pool: str) -> str:
     placement = extra.get("placement") or {}
     mode = placement.get("mode") if isinstance(placement, Mapping) else None
     return str(mode) if mode else DEFAULT_POLICY
+
+
+def placement_problems(pool: str, spec: Mapping[str, Any]) -> list[str]:
+    """A GPUPool spec's `placement.mode` that names no policy (empty: valid): the check
+    `tfcommon.pool_source` runs before a cluster pool's spec takes effect."""
+    placement = spec.get("placement")
+    mode = placement.get("mode") if isinstance(placement, Mapping) else None
+    if mode is None or mode in POLICIES:
+        return []
+    return [f"pool {pool}: spec.placement.mode: unknown policy {mode!r}; use one of {', '.join(POLICIES)}"]
 
 
 class Scheduler:

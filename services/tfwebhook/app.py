@@ -19,6 +19,7 @@ from pathlib import Path
 from tfcommon.config import ConfigError, ConfigSource
 from tfcommon.ledger.recommendations import RecommendationCache, RecommendationStore
 from tfcommon.ledger.takeover import TakeoverGate, TakeoverLedger
+from tfcommon.pool_source import wire_gpu_pools
 from tfcommon.runtime import (
     BackgroundTask,
     Components,
@@ -74,8 +75,11 @@ def composer(tls: TlsFiles) -> Callable[[ServiceContext[WebhookSettings]], Await
         recommendations = RecommendationCache(RecommendationStore(context.ledger.engine))
         pod_indices = SequencePodIndices(context.ledger.engine)
         context.cleanup.push_async_callback(pod_indices.close)
+        pools, pool_tasks = wire_gpu_pools(
+            config, service="webhook", stop=context.stopping, report=False, on_close=context.cleanup.callback
+        )
         service = AdmissionService(
-            config=config,
+            config=pools,
             bus=context.bus,
             takeovers=takeovers,
             namespace_labels=namespace_labels(context.cleanup),
@@ -84,7 +88,8 @@ def composer(tls: TlsFiles) -> Callable[[ServiceContext[WebhookSettings]], Await
         )
         context.cleanup.push_async_callback(service.drain)
         tasks: dict[str, BackgroundTask] = {
-            "recommendations": lambda: refresh_recommendations(recommendations, context.stopping)
+            "recommendations": lambda: refresh_recommendations(recommendations, context.stopping),
+            **pool_tasks,
         }
         if context.ssl_context is not None:
             reloader = CertificateReloader(context.ssl_context, tls.cert_file, tls.key_file)

@@ -31,7 +31,7 @@ from fastapi import APIRouter
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 from tfcommon.bus import EventBus
-from tfcommon.config import ConfigSource, TfConfig
+from tfcommon.config import ConfigProvider, TfConfig
 from tfcommon.events import Message, PodAdmitted
 from tfcommon.recommendations import Recommendation
 from tfcommon.runtime import request_body
@@ -171,7 +171,7 @@ class AdmissionService:
     outbox on shutdown.
     """
 
-    config: ConfigSource
+    config: ConfigProvider
     bus: EventBus | None = None
     takeovers: Takeovers | None = None
     namespace_labels: NamespaceLabels = no_namespace_labels

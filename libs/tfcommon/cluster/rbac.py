@@ -35,9 +35,11 @@ REQUIRED_RBAC: dict[str, list[PolicyRule]] = {
         PolicyRule("policy", ("poddisruptionbudgets",), ("get", "list")),
         PolicyRule(CUSTOM_RESOURCE_GROUP, _CUSTOM_RESOURCES, ("get", "list")),
         PolicyRule(CUSTOM_RESOURCE_GROUP, _CUSTOM_STATUS, ("patch",)),
+        PolicyRule(CUSTOM_RESOURCE_GROUP, ("gpupools",), ("watch",)),
     ],
     "webhook": [
         PolicyRule("", ("namespaces",), ("get",)),
+        PolicyRule(CUSTOM_RESOURCE_GROUP, ("gpupools",), ("list", "watch")),
     ],
     "defrag-planner": [
         PolicyRule("", ("pods",), ("get", "list", "patch")),
@@ -46,6 +48,8 @@ REQUIRED_RBAC: dict[str, list[PolicyRule]] = {
         PolicyRule("policy", ("poddisruptionbudgets",), ("get", "list")),
         PolicyRule(CUSTOM_RESOURCE_GROUP, ("gpus", "gpunodes", "gpupools"), ("get", "list")),
         PolicyRule(CUSTOM_RESOURCE_GROUP, ("gpupools/status",), ("patch",)),
+        PolicyRule(CUSTOM_RESOURCE_GROUP, ("gpupools",), ("watch",)),
+        PolicyRule("", ("events",), ("create",)),
     ],
     "node-agent": [
         PolicyRule("", ("pods",), ("list",)),
@@ -54,7 +58,9 @@ REQUIRED_RBAC: dict[str, list[PolicyRule]] = {
         PolicyRule(CUSTOM_RESOURCE_GROUP, ("gpus/status", "gpunodes/status"), ("patch",)),
     ],
 }
-"""Rules per service account. `get` covers the `get_*` methods, `list` the `list_*` ones. RBAC cannot
+"""Rules per service account. `get` covers the `get_*` methods, `list` the `list_*` ones; gpupools `list` and
+`watch` are the GPUPool watch of Kubernetes mode (`tfcommon.pool_source`), `events` create for the defrag
+planner its Warning `InvalidPoolSpec`. RBAC cannot
 limit the node agent to its own node's objects (resource names are not known in advance, and `create`
 cannot be limited by name): its code only touches the GPUNode named after its node and the GPUs it
 discovered there (`tfagent.kubernetes_status`)."""

@@ -130,3 +130,14 @@ def parse_pool_pricing(qos_config: Mapping[str, Any], field: str = "qosConfig") 
         previous_until = until
     books.append((previous_until, current))
     return PoolPricing(books=tuple(books))
+
+
+def pricing_problems(pool: str, spec: Mapping[str, Any]) -> list[str]:
+    """What is wrong in a GPUPool spec's `qosConfig` prices: the check `tfcommon.pool_source` runs before a
+    cluster pool's spec takes effect (empty: valid)."""
+    qos_config = spec.get("qosConfig") or {}
+    try:
+        parse_pool_pricing(qos_config if isinstance(qos_config, Mapping) else {}, "spec.qosConfig")
+    except PricingError as error:
+        return [f"pool {pool}: {error}"]
+    return []
