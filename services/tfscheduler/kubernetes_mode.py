@@ -15,6 +15,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
+import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -133,6 +135,8 @@ class KubernetesMode:
         self._workers: set[asyncio.Task[None]] = set()
         self._gate = asyncio.Semaphore(concurrency)
         self._cordons: dict[str, bool] = {}
+        self._cordons_listed_at = -math.inf
+        self._cordon_sync: asyncio.Task[int] | None = None
         self.idle = asyncio.Event()
         self.idle.set()
 
@@ -180,10 +184,25 @@ class KubernetesMode:
         """Apply `kubectl cordon` and `uncordon` to placement, checking the nodes every `interval_s`."""
         while not stop.is_set():
             try:
-                await self.sync_cordons()
+                await self.cordons_listed_after(time.monotonic())
             except ClusterError as error:
                 log.warning("reading node cordons failed, retrying: %s", error)
             await _wait(stop, interval_s)
+
+    async def cordons_listed_after(self, moment: float) -> None:
+        """Wait until the cordons placement uses come from a node list started after `moment`
+        (`time.monotonic()`), so a pod created after `kubectl cordon` never lands on the cordoned node.
+        One list at a time, shared by every pod waiting for it; raises `ClusterError` if it fails."""
+        while self._cordons_listed_at < moment:
+            if self._cordon_sync is None or self._cordon_sync.done():
+                self._cordon_sync = asyncio.create_task(self._listed_sync(), name="tf-cordon-sync")
+            await asyncio.shield(self._cordon_sync)
+
+    async def _listed_sync(self) -> int:
+        started = time.monotonic()
+        changed = await self.sync_cordons()
+        self._cordons_listed_at = started
+        return changed
 
     async def sync_cordons(self) -> int:
         """Copy a node's cordon (`spec.unschedulable`) to the ledger when it changes in the cluster (or is
@@ -231,6 +250,11 @@ class KubernetesMode:
     async def _work(self, uid: str) -> None:
         try:
             while (event := self._latest.pop(uid, None)) is not None:
+                if self._to_place(event):
+                    try:
+                        await self.cordons_listed_after(time.monotonic())
+                    except ClusterError as error:
+                        log.warning("reading node cordons before placing failed: %s", error)
                 async with self._gate:
                     try:
                         await self.handle(event)
@@ -242,6 +266,16 @@ class KubernetesMode:
                 self.idle.set()
 
     # ----------------------------------------------------------------------------------- handling
+
+    def _to_place(self, event: PodEvent) -> bool:
+        pod = event.pod
+        return (
+            event.type is not PodEventType.DELETED
+            and not pod.is_finished
+            and not pod.is_bound
+            and pod.deleting_since is None
+            and pod.is_pending_for(self.scheduler_name)
+        )
 
     async def handle(self, event: PodEvent) -> None:
         """One pod change: release a gone or finished pod, adopt an unknown bound one, place a pending one."""

@@ -3,6 +3,7 @@ uncordoned; a cordon set in the ledger by other means is not undone while the no
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 
 import pytest
@@ -46,6 +47,11 @@ def put_node(state: ApiServerState, name: str, *, unschedulable: bool) -> None:
     )
 
 
+async def one_gpu_node(running: Running, ledger: SqlLedger, name: str) -> None:
+    await register_gpus(ledger, name, 1)
+    put_node(running.state, name, unschedulable=False)
+
+
 def placements(running: Running) -> set[str | None]:
     return {(running.pod(name) or {}).get("spec", {}).get("nodeName") for name in ("first", "second")}
 
@@ -83,10 +89,32 @@ async def test_a_cordoned_node_takes_no_new_pod_until_uncordoned(running: Runnin
 async def test_a_ledger_cordon_stays_while_the_node_flag_is_unchanged(
     running: Running, ledger: SqlLedger
 ) -> None:
-    await register_gpus(ledger, "node-c", 1)
-    put_node(running.state, "node-c", unschedulable=False)
+    await one_gpu_node(running, ledger, "node-c")
     await running.mode.sync_cordons()
     await ledger.set_node_cordoned("node-c", True)
 
     assert await running.mode.sync_cordons() == 0
     assert await ledger_cordoned(ledger, "node-c") is True
+
+
+async def test_a_pod_created_right_after_kubectl_cordon_is_not_placed_on_the_node(
+    running: Running, ledger: SqlLedger
+) -> None:
+    await one_gpu_node(running, ledger, "node-d")
+    await running.scheduler.start()
+    await running.mode.cordons_listed_after(time.monotonic())
+
+    put_node(running.state, "node-d", unschedulable=True)
+    running.put(gpu_pod("replacement", tflops="10", vram="8Gi"))
+
+    def reported() -> bool:
+        conditions = (running.pod("replacement") or {}).get("status", {}).get("conditions") or []
+        return any(c.get("type") == "PodScheduled" and c.get("status") == "False" for c in conditions)
+
+    await eventually(lambda: reported() or bool(placements_of(running, "replacement")), what="a verdict")
+    assert placements_of(running, "replacement") == set(), "the only node was cordoned before the pod came"
+
+
+def placements_of(running: Running, name: str) -> set[str]:
+    node = (running.pod(name) or {}).get("spec", {}).get("nodeName")
+    return {node} if node else set()
