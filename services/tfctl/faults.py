@@ -68,6 +68,7 @@ from tfctl.fault_checks import (
     check_submissions,
     check_views_agree,
 )
+from tfctl.fault_network import NetworkCell
 from tfctl.history_check import (
     BillPeriod,
     BusEvent,
@@ -165,6 +166,8 @@ class FaultStack:
     nats: EmbeddedNats
     postgres: EmbeddedPostgres
     children: dict[str, ManagedChild] = field(default_factory=dict)
+    cell: NetworkCell | None = None
+    """Where the last node agent runs, cut off by the partition faults (None: not possible here)."""
 
     @property
     def scheduler_url(self) -> str:
@@ -198,8 +201,22 @@ class FaultStack:
         options = StackOptions(state_dir=self.state_dir, nodes=NODES, auto_ports=True)
         for child in plan_children(options):
             self.children[child.name] = ManagedChild(child, environment)
+        if self.cell is not None:
+            await self._move_into_cell(self.cell, self.agents()[-1], environment)
         await asyncio.gather(*(self.spawn(name) for name in self.children))
         await self.wait_ready(SETTLE_TIMEOUT_S)
+
+    async def _move_into_cell(self, cell: NetworkCell, child: Child, environment: dict[str, str]) -> None:
+        """Run `child` inside `cell`, reaching NATS and Postgres through its veth pair."""
+        await cell.forward(self.nats.port)
+        await cell.forward(self.postgres.port)
+        loopback = f"{self.nats.host}:"
+        self.children[child.name].environment = environment | {
+            "TF_NATS_URL": self.nats.url.replace(loopback, f"{cell.host_ip}:"),
+            "TF_DATABASE_URL": self.postgres.url.replace(f"@{self.postgres.host}:", f"@{cell.host_ip}:"),
+        }
+        child.argv = cell.wrap(child.argv)
+        child.url = child.url.replace(f"//{self.nats.host}:", f"//{cell.cell_ip}:")
 
     def _write_json(self, name: str, *documents: Any) -> Path:
         """YAML documents (JSON is YAML) in the stack's folder."""
@@ -299,6 +316,8 @@ class FaultStack:
                     await managed.process.wait()
         await asyncio.to_thread(self.nats.stop)
         await asyncio.to_thread(self.postgres.stop)
+        if self.cell is not None:
+            await self.cell.close()
 
 
 def _signal_group(process_group: int, signal_number: signal.Signals) -> None:
@@ -659,7 +678,9 @@ def _fill(path: Path) -> None:
 def fault_plan(stack: FaultStack, chaos: Chaos) -> list[Fault]:
     """Every fault once, in this order: SIGKILL each service, restart NATS, restart Postgres, pause
     the scheduler and a node agent, `pg_terminate_backend`, a republish after the duplicate window, a
-    poison message, (when the store could be mounted) a full JetStream disk, then two pairs at once:
+    poison message, (when the store could be mounted) a full JetStream disk, (when the last node agent
+    runs in its own network namespace) a partition and a slow link between it and everything, then
+    two pairs at once:
     SIGKILL the scheduler while backends are terminated, restart NATS while the planner is killed."""
 
     def kill(name: str) -> Fault:
@@ -696,6 +717,11 @@ def fault_plan(stack: FaultStack, chaos: Chaos) -> list[Fault]:
     plan.append(with_chaos("poison message", publish_poison))
     if "disk full" not in chaos.not_run:
         plan.append(with_chaos("disk full", fill_disk))
+    cell = stack.cell
+    if cell is not None:
+        cut_off = stack.agents()[-1].name
+        plan.append(Fault(f"partition {cut_off} {PAUSE_S:.0f}s", lambda _: cell.partition(PAUSE_S)))
+        plan.append(Fault(f"slow-link {cut_off} {PAUSE_S:.0f}s", lambda _: cell.slow_link(PAUSE_S)))
     plan.append(overlapping(kill("scheduler"), with_chaos("pg_terminate_backend", terminate_backends)))
     plan.append(overlapping(Fault("restart nats", FaultStack.restart_nats), kill("defrag-planner")))
     return plan
@@ -743,10 +769,14 @@ async def _campaign(duration_s: float, seed: int, state_dir: Path) -> CampaignRe
     reason = await asyncio.to_thread(mount_jetstream_store, state_dir / "nats")
     if reason is not None:
         chaos.not_run["disk full"] = reason
+    cell = await asyncio.to_thread(NetworkCell.create)
+    if isinstance(cell, str):
+        chaos.not_run["partition"] = chaos.not_run["slow-link"] = cell
     stack = FaultStack(
         state_dir=state_dir,
         nats=EmbeddedNats(store_dir=state_dir / "nats", die_with_parent=True),
         postgres=EmbeddedPostgres(data_dir=state_dir / "postgres", die_with_parent=True),
+        cell=None if isinstance(cell, str) else cell,
     )
     try:
         await stack.start()

@@ -130,7 +130,7 @@ def fault_kind(fault: str) -> str:
     if " + " in fault:
         return "overlapping"
     words = fault.split()
-    if words and words[0] in ("sigkill", "sigstop"):
+    if words and words[0] in ("sigkill", "sigstop", "partition", "slow-link"):
         return words[0]
     return " ".join(word for word in words if not word[0].isdigit())
 

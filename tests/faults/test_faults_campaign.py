@@ -1,8 +1,11 @@
 """A bounded fault campaign on the local stack: nothing acknowledged is lost, doubled or misbilled.
 
-One campaign (about a minute on two cores) runs under load while every service is SIGKILLed and
-restarted, NATS and Postgres restart, and the scheduler and a node agent are paused past their
-timeouts; each test then asserts one invariant of its report. `make bench` runs a longer one.
+One campaign (about two minutes on two cores) runs under load through the webhook and the scheduler,
+with defrag campaigns, while every service is SIGKILLed and restarted, NATS and Postgres restart, the
+scheduler and a node agent are paused past their timeouts, backends are terminated, events are
+republished after the duplicate window, a poison message is sent and (as root) the JetStream disk
+fills and a node agent is partitioned and slowed; each test then asserts one invariant of its report
+or one of the history checker's figures. `make bench` runs a longer one.
 """
 
 from __future__ import annotations
@@ -87,4 +90,4 @@ def test_the_campaign_injected_every_kind_of_fault_real_on_this_machine(report: 
     assert report["chaos"]["defrag_requests"] >= 1
     assert report["operations"].get("submit-ok", 0) > 0
     if os.geteuid() == 0:
-        assert "disk full" in kinds, report["chaos"]["not_run"]
+        assert {"disk full", "partition", "slow-link"} <= kinds, report["chaos"]["not_run"]
