@@ -3,7 +3,8 @@
 Reads every GPUPool, GPUNode and GPUResourceQuota through the Kubernetes API (in a pod its service
 account, elsewhere `--kubeconfig` / `$KUBECONFIG`) and prints, per object, the spec fields no tfpool
 service reads (`tfcommon.unsupported_fields`, the same rule behind the objects' `UnsupportedFields`
-condition), and whether that condition is written yet. It changes nothing.
+condition), and whether that condition is written yet; and each GPUPool spec a service refused (a
+`<Service>SpecValid` condition False: it keeps the last good spec). It changes nothing.
 Exit codes: 0 the report was printed, 1 the cluster could not be read.
 """
 
@@ -11,7 +12,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from tfcommon.cluster import Cluster, CustomObject, CustomResource
@@ -53,11 +55,14 @@ def handler(args: argparse.Namespace) -> int:
         cluster.close()
     findings = 0
     for obj in objects:
+        name = f"{obj.namespace}/{obj.name}" if obj.namespace else obj.name
+        for refused in _refused_specs(obj.status):
+            findings += 1
+            print(f"{obj.kind.plural}/{name}: {refused['type']} False: {refused.get('message', '')}")
         fields = unsupported_fields(obj.kind, obj.spec)
         if not fields:
             continue
         findings += 1
-        name = f"{obj.namespace}/{obj.name}" if obj.namespace else obj.name
         written = find_condition(obj.status, CONDITION)
         note = (
             ""
@@ -72,6 +77,18 @@ def handler(args: argparse.Namespace) -> int:
             f"tfpool acts on every field set in {len(objects)} GPUPool, GPUNode and GPUResourceQuota objects"
         )
     return 0
+
+
+def _refused_specs(status: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The `<Service>SpecValid` conditions that say a service refused the spec (it keeps the last good)."""
+    conditions = status.get("conditions")
+    return [
+        c
+        for c in (conditions if isinstance(conditions, list) else [])
+        if isinstance(c, Mapping)
+        and str(c.get("type", "")).endswith("SpecValid")
+        and c.get("status") == "False"
+    ]
 
 
 async def _list_all(cluster: Cluster, kinds: tuple[CustomResource, ...]) -> list[CustomObject]:

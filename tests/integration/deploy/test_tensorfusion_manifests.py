@@ -316,6 +316,23 @@ def test_tfctl_doctor_lists_what_is_accepted_but_not_acted_on(local_kubernetes: 
     name = f"doctor-{uuid.uuid4().hex[:8]}"
     pool["metadata"] = {"name": name}
     kubectl(local_kubernetes, "apply", "--validate=strict", "-f", "-", stdin=yaml.safe_dump(pool))
+    refused = {
+        "type": "SchedulerSpecValid",
+        "status": "False",
+        "reason": "InvalidPoolSpec",
+        "message": "spec.placement.mode: unknown policy 'X'; scheduler keeps the last good spec",
+    }
+    patch = json.dumps({"status": {"conditions": [refused]}})
+    kubectl(
+        local_kubernetes,
+        "patch",
+        "gpupool.tensor-fusion.ai",
+        name,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        patch,
+    )
     try:
         result = subprocess.run(
             [
@@ -328,7 +345,8 @@ def test_tfctl_doctor_lists_what_is_accepted_but_not_acted_on(local_kubernetes: 
             check=False,
         )
         assert result.returncode == 0, result.stderr
-        header, *rest = result.stdout.split(f"gpupools/{name}:", 1)[1].splitlines()
+        assert f"gpupools/{name}: SchedulerSpecValid False: {refused['message']}" in result.stdout
+        header, *rest = result.stdout.split(f"gpupools/{name}: accepted", 1)[1].splitlines()
         assert "UnsupportedFields not written yet" in header
         listed = []
         for line in rest:
