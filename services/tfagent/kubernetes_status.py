@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Mapping
+from importlib import metadata
 
 from tfcommon.cluster import Applied, ClusterError, Conflict, CustomObject, CustomResource, NotFound
 
@@ -22,6 +23,17 @@ from tfagent.core.inventory import NodeInventory
 from tfagent.ports import CustomResourceWriter
 
 log = logging.getLogger("tfagent.kubernetes")
+
+
+def _agent_version() -> str:
+    try:
+        return metadata.version("tfpool")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+AGENT_VERSION = _agent_version()
+"""Written as the GPUNode's `hypervisorStatus.hypervisorVersion` (TensorFusion's name)."""
 RETRY_INTERVAL_S = 5.0
 FULL_REWRITE_S = 600.0
 
@@ -94,7 +106,8 @@ class KubernetesStatus:
         self._expire_cache()
         gpu_node = await self._ensure_gpu_node()
         previously = gpu_node.status.get("managedGPUDeviceIDs")
-        desired = desired_objects(inventory, self.pool, previously if isinstance(previously, list) else ())
+        managed = previously if isinstance(previously, list) else ()
+        desired = desired_objects(inventory, self.pool, managed, agent_version=AGENT_VERSION)
         writes = 0
         for name, gpu in desired.gpus.items():
             writes += await self._ensure_gpu(name, gpu, gpu_node)

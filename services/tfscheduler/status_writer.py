@@ -28,7 +28,7 @@ FULL_REWRITE_S = 60.0
 ABSENT_RETRY_S = 2.0
 SCHEDULER_FIELDS: dict[CustomResource, tuple[str, ...]] = {
     CustomResource.GPU: ("available",),
-    CustomResource.GPU_NODE: ("phase", "availableTFlops", "availableVRAM"),
+    CustomResource.GPU_NODE: ("phase", "hypervisorStatus", "availableTFlops", "availableVRAM"),
 }
 """Status fields of agent-created objects this writer owns; all of GPUPool's it computes are its own."""
 

@@ -4,7 +4,9 @@ The running webhook admits pods into the pool a GPUPool object marks default and
 an edit to the object changes the next pod's QoS without a restart, measured from `kubectl patch`
 returning to a server-side dry run of a pod carrying the new QoS. The scheduler writes the pool's
 `SchedulerSpecValid` and `UnsupportedFields` conditions, refuses an unknown placement mode with an Event
-and keeps the last good one; no service account is refused a request on the way.
+and keeps the last good one; GPUNodes read with TensorFusion's custom columns
+(`.status.hypervisorStatus.hypervisorState`, `...hypervisorVersion`); no service account is refused a
+request on the way.
 """
 
 from __future__ import annotations
@@ -113,6 +115,16 @@ def test_the_running_services_follow_gpupool_edits(kube_stack: KubeStack) -> Non
         )["items"],
     )
     assert events[0]["source"]["component"] == "scheduler"
+
+    state = ".status.hypervisorStatus.hypervisorState"
+    version = ".status.hypervisorStatus.hypervisorVersion"
+
+    def agents_reported() -> list[list[str]]:
+        out = stack.kubectl("get", "gpunodes", "-o", f"custom-columns=STATE:{state},VERSION:{version}")
+        rows = [line.split() for line in out.splitlines()[1:] if line.strip()]
+        return rows if len(rows) == 2 and all(row == ["Running", "0.1.0"] for row in rows) else []
+
+    eventually("both GPUNodes with TensorFusion's hypervisorStatus", agents_reported)
 
     users, denied = audited_requests(stack.audit_log)
     assert {"tfpool-webhook", "tfpool-scheduler", "tfpool-defrag-planner", "tfpool-metrics"} <= users, users

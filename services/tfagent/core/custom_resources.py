@@ -2,9 +2,11 @@
 
 One writer per field. The agent owns what it observes on its node: identity and capacity (GPU `phase`,
 `vendor`, `model`, `gpuModel`, `uuid`, `index`, `numaNode`, `capacity`, `nodeSelector`, `usedBy`,
-`message`; GPUNode `totalTFlops`, `totalVRAM`, `totalGPUs`, `managedGPUs`, `managedGPUDeviceIDs`) and it
+`message`; GPUNode `totalTFlops`, `totalVRAM`, `totalGPUs`, `managedGPUs`, `managedGPUDeviceIDs`,
+`hypervisorStatus.hypervisorVersion`: the agent's version) and it
 creates both kinds of object. The scheduler owns what the ledger says: GPU `available`, GPUNode
-`availableTFlops`, `availableVRAM` and `phase` (from heartbeats: an agent cannot report its own death),
+`availableTFlops`, `availableVRAM`, `phase` and `hypervisorStatus.hypervisorState` (from heartbeats: an
+agent cannot report its own death),
 and GPUPool. Labels are merged key by key, so labels users set (`tensor-fusion.ai/do-not-disrupt`) stay.
 """
 
@@ -77,8 +79,9 @@ def gpu_status(gpu: GpuDevice, node: str) -> Status:
     return status
 
 
-def node_status(inventory: NodeInventory) -> Status:
-    """`GPUNode.status` fields the agent owns: totals over the GPUs present and their UUIDs by index."""
+def node_status(inventory: NodeInventory, agent_version: str) -> Status:
+    """`GPUNode.status` fields the agent owns: totals over the GPUs present, their UUIDs by index and the
+    agent's version."""
     present = sorted((g for g in inventory.gpus if g.phase is GpuPhase.RUNNING), key=lambda g: g.index)
     return {
         "totalTFlops": format_milli(inventory.total_tflops_milli),
@@ -86,10 +89,13 @@ def node_status(inventory: NodeInventory) -> Status:
         "totalGPUs": len(present),
         "managedGPUs": len(present),
         "managedGPUDeviceIDs": [gpu_object_name(g.uuid) for g in present],
+        "hypervisorStatus": {"hypervisorVersion": agent_version},
     }
 
 
-def desired_objects(inventory: NodeInventory, pool: str, previously_managed: Iterable[str]) -> DesiredObjects:
+def desired_objects(
+    inventory: NodeInventory, pool: str, previously_managed: Iterable[str], *, agent_version: str = "unknown"
+) -> DesiredObjects:
     """What the agent writes for `inventory`. `previously_managed` are the GPU names the GPUNode listed
     before (its `managedGPUDeviceIDs`): those no longer in the inventory become `Unknown`, never deleted."""
     labels = object_labels(inventory.node, pool)
@@ -101,4 +107,4 @@ def desired_objects(inventory: NodeInventory, pool: str, previously_managed: Ite
         name: missing_status(inventory.node)
         for name in sorted({gpu_object_name(str(n)) for n in previously_managed} - gpus.keys())
     }
-    return DesiredObjects(DesiredObject(labels, node_status(inventory)), gpus, vanished)
+    return DesiredObjects(DesiredObject(labels, node_status(inventory, agent_version)), gpus, vanished)

@@ -80,9 +80,11 @@ def node_phase(node: NodeFacts | None) -> str:
 
 
 def node_status(node: NodeFacts | None, gpus: Iterable[GpuFacts]) -> Status:
-    """`GPUNode.status`: phase, totals and availability over its GPUs, and the GPUs it manages."""
+    """`GPUNode.status`: phase (also `hypervisorStatus.hypervisorState`, TensorFusion's name for whether
+    the node's agent is alive), totals and availability over its GPUs, and the GPUs it manages."""
     listed = sorted(gpus, key=lambda g: g.index)
-    status = {"phase": node_phase(node), **_totals(listed)}
+    phase = node_phase(node)
+    status = {"phase": phase, "hypervisorStatus": {"hypervisorState": phase}, **_totals(listed)}
     status["managedGPUs"] = len(listed)
     status["managedGPUDeviceIDs"] = [g.uuid.lower() for g in listed]
     return status

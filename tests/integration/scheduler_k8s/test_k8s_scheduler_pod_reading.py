@@ -174,6 +174,8 @@ def test_available_is_capacity_minus_requests_per_gpu_node_and_pool() -> None:
     )
     assert n1["managedGPUDeviceIDs"] == ["gpu-a", "gpu-b"]
     assert desired.nodes["n2"]["phase"] == "Unknown"
+    assert n1["hypervisorStatus"] == {"hypervisorState": "Running"}
+    assert desired.nodes["n2"]["hypervisorStatus"] == {"hypervisorState": "Unknown"}
     pool = desired.pools["default"]
     assert (pool["totalNodes"], pool["readyNodes"], pool["notReadyNodes"], pool["totalGPUs"]) == (2, 1, 1, 3)
     assert (pool["totalVRAM"], pool["availableVRAM"]) == ("240Gi", "140Gi")

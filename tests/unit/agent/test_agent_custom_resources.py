@@ -49,6 +49,7 @@ def test_a_missing_gpu_is_unknown_keeps_its_figures_and_leaves_the_node_totals()
         "totalGPUs": 1,
         "managedGPUs": 1,
         "managedGPUDeviceIDs": ["gpu-0000"],
+        "hypervisorStatus": {"hypervisorVersion": "unknown"},
     }
     assert set(desired.vanished) == {"gpu-0007"}
     assert desired.vanished["gpu-0007"]["phase"] == "Unknown"
