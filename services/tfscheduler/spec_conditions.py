@@ -1,6 +1,7 @@
 """Keeps the `UnsupportedFields` condition on every GPUPool, GPUNode and GPUResourceQuota object.
 
-The shell around `tfcommon.unsupported_fields`: every `interval_s` it lists the three kinds and, where
+The shell around `tfcommon.unsupported_fields`: every `interval_s` it lists GPUPool and GPUResourceQuota
+objects, every `node_interval_s` GPUNode objects (thousands of them, their spec rarely set), and, where
 an object's condition differs from what its spec implies, writes `status.conditions` with only that
 condition replaced (other conditions stay), guarded by the object's resource version so a concurrent
 writer of another condition is never overwritten (a conflict is retried on the next round). The scheduler
@@ -25,7 +26,7 @@ from tfcommon.unsupported_fields import (
 )
 
 log = logging.getLogger("tfscheduler.spec_conditions")
-KINDS = (CustomResource.GPU_POOL, CustomResource.GPU_NODE, CustomResource.GPU_RESOURCE_QUOTA)
+KINDS = (CustomResource.GPU_POOL, CustomResource.GPU_RESOURCE_QUOTA)
 
 
 class UnsupportedFieldsReporter:
@@ -36,10 +37,13 @@ class UnsupportedFieldsReporter:
         cluster: Cluster,
         *,
         interval_s: float = 1.0,
+        node_interval_s: float = 10.0,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self.cluster = cluster
         self.interval_s = interval_s
+        self.node_interval_s = node_interval_s
+        self._nodes_due = 0.0
         self.clock = clock
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -51,10 +55,16 @@ class UnsupportedFieldsReporter:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=self.interval_s)
 
-    async def sync(self) -> int:
-        """One round over every object of the three kinds; returns how many conditions it wrote."""
+    async def sync(self, *, nodes: bool | None = None) -> int:
+        """One round over GPUPool and GPUResourceQuota objects, and GPUNode ones when `nodes` (default:
+        when `node_interval_s` has passed); returns how many conditions it wrote."""
+        now = asyncio.get_running_loop().time()
+        if nodes is None:
+            nodes = now >= self._nodes_due
+        if nodes:
+            self._nodes_due = now + self.node_interval_s
         written = 0
-        for kind in KINDS:
+        for kind in (*KINDS, CustomResource.GPU_NODE) if nodes else KINDS:
             for obj in await self.cluster.list_custom_objects(kind):
                 written += await self._reconcile(obj)
         return written

@@ -357,3 +357,27 @@ def test_tfctl_doctor_lists_what_is_accepted_but_not_acted_on(local_kubernetes: 
         assert not any(field.startswith("spec.capacityConfig.minResources") for field in listed)
     finally:
         kubectl(local_kubernetes, "delete", "gpupool.tensor-fusion.ai", name, "--wait=false")
+
+
+async def test_a_gpunode_spec_nobody_reads_is_named_too(local_kubernetes: LocalKubernetes) -> None:
+    name = f"node-spec-{uuid.uuid4().hex[:8]}"
+    node = {
+        "apiVersion": "tensor-fusion.ai/v1",
+        "kind": "GPUNode",
+        "metadata": {"name": name},
+        "spec": {"manageMode": "Manual", "costPerHour": "2.5", "gpuCardIndices": [0, 1]},
+    }
+    kubectl(local_kubernetes, "apply", "--validate=strict", "-f", "-", stdin=yaml.safe_dump(node))
+    cluster = KubernetesCluster.from_environment(kubeconfig=str(local_kubernetes.kubeconfig))
+    try:
+        reporter = UnsupportedFieldsReporter(cluster)
+        await reporter.sync(nodes=True)
+        stored = json.loads(kubectl(local_kubernetes, "get", "gpunode.tensor-fusion.ai", name, "-o", "json"))
+        found = condition(stored, CONDITION)
+        assert found is not None
+        assert found["status"] == "True"
+        for field in ("spec.manageMode", "spec.costPerHour", "spec.gpuCardIndices"):
+            assert field in found["message"], field
+    finally:
+        cluster.close()
+        kubectl(local_kubernetes, "delete", "gpunode.tensor-fusion.ai", name, "--wait=false")
