@@ -61,6 +61,9 @@ from tfcommon.cluster.model import (
     WatchCursor,
 )
 
+DEFAULT_CONCURRENT_REQUESTS = 16
+SPARE_CONNECTIONS = 4
+"""Kept-alive connections beyond one per worker thread: each pod watch holds one while it streams."""
 MERGE_PATCH = "application/merge-patch+json"
 STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
 _CUSTOM_KINDS = {
@@ -152,6 +155,15 @@ def _label_selector(labels: Mapping[str, str] | None) -> str:
     return ",".join(f"{k}={v}" for k, v in sorted((labels or {}).items()))
 
 
+def _api_client(configuration: Any, options: Mapping[str, Any]) -> Any:
+    """The client with a connection kept alive for every worker thread (and the watches): the client's
+    own default (five per CPU) is below the thread count on a small machine, and every request beyond it
+    paid a fresh TLS handshake, on both sides, and was then dropped."""
+    wanted = int(options.get("max_concurrent_requests", DEFAULT_CONCURRENT_REQUESTS)) + SPARE_CONNECTIONS
+    configuration.connection_pool_maxsize = max(int(configuration.connection_pool_maxsize or 0), wanted)
+    return k8s_client.ApiClient(configuration)
+
+
 @dataclass(frozen=True)
 class _Reply:
     status: int
@@ -178,7 +190,7 @@ class KubernetesCluster:
         *,
         request_timeout_s: float = 10.0,
         watch_timeout_s: int = 60,
-        max_concurrent_requests: int = 16,
+        max_concurrent_requests: int = DEFAULT_CONCURRENT_REQUESTS,
         clock: Callable[[], datetime] = _utc_now,
     ) -> None:
         """`max_concurrent_requests` bounds the worker threads (and so the connections) used for calls;
@@ -201,7 +213,7 @@ class KubernetesCluster:
             k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
                 config_file=kubeconfig, context=context, client_configuration=configuration
             )
-        return cls(k8s_client.ApiClient(configuration), **options)
+        return cls(_api_client(configuration, options), **options)
 
     @classmethod
     def for_url(cls, url: str, *, token: str | None = None, **options: Any) -> KubernetesCluster:
@@ -210,7 +222,7 @@ class KubernetesCluster:
         if token:
             configuration.api_key = {"authorization": token}
             configuration.api_key_prefix = {"authorization": "Bearer"}
-        return cls(k8s_client.ApiClient(configuration), **options)
+        return cls(_api_client(configuration, options), **options)
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
