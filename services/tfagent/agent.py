@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -42,6 +43,8 @@ from tfagent.ports import GpuProbe, ProcessOwners
 log = logging.getLogger("tfagent.agent")
 
 REGISTER_RETRY_S = 1.0
+RELEASED_REMEMBERED = 100_000
+"""Released allocation ids kept to ignore their late creations (about 10 MB at most)."""
 """How long the agent waits before announcing itself again after a failed registration."""
 
 
@@ -95,6 +98,7 @@ class NodeAgent:
         self._clock = clock
         self._inventory: NodeInventory | None = None
         self._allocations: dict[UUID, WorkerAllocation] = {}
+        self._released: OrderedDict[UUID, None] = OrderedDict()
         self._reported_drift: set[tuple[str, str, str]] = set()
         self._discovery_lock = asyncio.Lock()
         self._on_inventory = on_inventory
@@ -248,11 +252,19 @@ class NodeAgent:
             self._allocations[allocation.allocation_id] = allocation
 
     async def track_allocation(self, message: Message) -> Sequence[Message]:
-        """Pull-consumer handler: follow allocations placed on this node (idempotent under redelivery)."""
+        """Pull-consumer handler: follow allocations placed on this node (idempotent under redelivery).
+
+        An allocation id is never opened again once released, so a creation delivered after its
+        release (a redelivery whose ack was lost, a republish after the duplicate window) is ignored.
+        """
         if isinstance(message, AllocationCreated) and message.node == self.node:
-            self._allocations[message.allocation_id] = WorkerAllocation.from_event(message)
+            if message.allocation_id not in self._released:
+                self._allocations[message.allocation_id] = WorkerAllocation.from_event(message)
         elif isinstance(message, AllocationReleased):
             self._allocations.pop(message.allocation_id, None)
+            self._released[message.allocation_id] = None
+            if len(self._released) > RELEASED_REMEMBERED:
+                self._released.popitem(last=False)
         return ()
 
     async def run(self, stopping: asyncio.Event) -> None:

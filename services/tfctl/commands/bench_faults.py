@@ -2,8 +2,9 @@
 
 Starts a private local stack, drives submissions and releases while it kills, restarts and pauses
 every piece in turn, then prints operations, faults injected and violations (see `tfctl.faults`).
-Exit codes: 0 no violation, 1 violations found (the stack's logs and `operations.json` are kept and
-their folder printed), 2 bad arguments. Registered under `tfctl bench` (`bench.py` registers first).
+Exit codes: 0 no violation, 1 violations found or a history figure (`lost`, `doubled`, `phantom`,
+`bill_difference`, `self_exits`) not 0 (the stack's logs and `operations.json` are kept and their
+folder printed), 2 bad arguments. Registered under `tfctl bench` (`bench.py` registers first).
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ def _bench_all_defaults() -> dict[str, Any]:
 def handler(args: argparse.Namespace) -> int:
     import sys
 
-    from tfctl.faults import FaultCampaignError, print_report, run_fault_campaign
+    from tfctl.faults import FaultCampaignError, campaign_failed, print_report, run_fault_campaign
 
     if not 1.0 <= args.duration <= 24 * 3600:
         print(
@@ -70,7 +71,7 @@ def handler(args: argparse.Namespace) -> int:
         print(f"tfctl bench faults: {error}", file=sys.stderr)
         return EXIT_VIOLATIONS
     print_report(report, args.json)
-    if report["violation_count"]:
+    if campaign_failed(report):
         print(f"tfctl bench faults: logs and operations.json kept in {report['state_dir']}", file=sys.stderr)
         return EXIT_VIOLATIONS
     return 0

@@ -77,6 +77,19 @@ async def test_allocations_of_other_nodes_are_ignored_and_released_ones_forgotte
     assert agent.allocations() == ()
 
 
+async def test_a_creation_redelivered_after_its_release_does_not_bring_the_allocation_back() -> None:
+    # A redelivery (its ack lost) or a republish after the duplicate window, seen in the fault campaign.
+    agent, _, _ = simulated_agent()
+    inventory = await agent.register()
+    created = allocation_created(inventory.gpus[0].uuid)
+    await agent.track_allocation(created)
+    await agent.track_allocation(allocation_released(created))
+
+    await agent.track_allocation(created)
+
+    assert agent.allocations() == ()
+
+
 async def test_an_allocated_gpu_that_disappears_is_reported_and_kept_as_unknown() -> None:
     agent, probe, bus = simulated_agent("H100:2")
     inventory = await agent.register()
