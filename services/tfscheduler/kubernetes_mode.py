@@ -135,6 +135,7 @@ class KubernetesMode:
         self._workers: set[asyncio.Task[None]] = set()
         self._gate = asyncio.Semaphore(concurrency)
         self._cordons: dict[str, bool] = {}
+        self._takeovers_recorded: set[str] = set()
         self._cordons_listed_at = -math.inf
         self._cordon_sync: asyncio.Task[int] | None = None
         self._bound: set[str] = set()
@@ -289,6 +290,7 @@ class KubernetesMode:
         if pod.is_finished:
             await self.release(pod, f"pod {pod.phase.lower()}")
             return
+        await self._record_takeover(pod)
         if pod.is_bound:
             self.pending.pop(pod.uid, None)
             self._reported.pop(pod.uid, None)
@@ -363,8 +365,18 @@ class KubernetesMode:
         await self.cluster.report_unschedulable(pod, message, reporter=self.scheduler_name)
         self._reported[pod.uid] = message
 
+    async def _record_takeover(self, pod: Pod) -> None:
+        """Write the pod's uid on its takeover slot the first time the pod is seen, so the webhook can
+        tell this slot's pod gone from one still being created (`tfwebhook.core.takeover`)."""
+        slot = pod.annotations.get(TAKEOVER_SLOT)
+        if not slot or pod.uid in self._takeovers_recorded:
+            return
+        await TakeoverLedger(self.scheduler.ledger.engine).record_pod(slot, pod.uid)
+        self._takeovers_recorded.add(pod.uid)
+
     async def release(self, pod: Pod, reason: str) -> bool:
         """Close the pod's allocation (True the one time it is closed) and free its takeover slot."""
+        self._takeovers_recorded.discard(pod.uid)
         self._bound.discard(pod.uid)
         self.pending.pop(pod.uid, None)
         self._reported.pop(pod.uid, None)

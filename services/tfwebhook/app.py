@@ -4,8 +4,9 @@ Only wiring lives here: `compose` plugs the admission router and its tasks into 
 (`tfcommon.runtime`); admission decisions live in `tfwebhook.core`. The server always speaks HTTPS:
 with `TF_TLS_CERT_FILE` / `TF_TLS_KEY_FILE` when given, else with a self-signed pair generated once
 under `<state dir>/certs/`. In a Kubernetes cluster (`KUBERNETES_SERVICE_HOST` or `KUBECONFIG` set)
-namespace labels for `namespaceSelector` scopes are read from the API server; locally namespaces have
-no labels. Nothing is built at import time.
+namespace labels for `namespaceSelector` scopes, and the taken-over pods of a workload whose
+`enabled-replicas` is full (`tfwebhook.takeover_recheck`), are read from the API server; locally
+namespaces have no labels. Nothing is built at import time.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import sys
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tfcommon.config import ConfigError, ConfigSource
 from tfcommon.ledger.recommendations import RecommendationCache, RecommendationStore
@@ -42,20 +44,31 @@ from tfwebhook.http import (
 from tfwebhook.namespaces import NamespaceLabelCache, local_namespace_labels
 from tfwebhook.pod_index import SequencePodIndices
 from tfwebhook.recommendations import refresh_recommendations
+from tfwebhook.takeover_recheck import TakeoverRecheck
+
+if TYPE_CHECKING:
+    from tfcommon.cluster.kubernetes import KubernetesCluster
 
 SERVICE = "webhook"
 DEFAULT_STATE_DIR = Path(".tf")
 NAMESPACE_LABELS_TTL_S = 10.0
 
 
-def namespace_labels(cleanup: AsyncExitStack) -> NamespaceLabels:
-    """Namespace labels from the API server (cached) in a cluster; none in local mode."""
+def kubernetes_cluster(cleanup: AsyncExitStack) -> KubernetesCluster | None:
+    """The API server's client in a cluster (`KUBERNETES_SERVICE_HOST` or `KUBECONFIG`); None locally."""
     if not (os.environ.get("KUBERNETES_SERVICE_HOST") or os.environ.get("KUBECONFIG")):
-        return local_namespace_labels
+        return None
     from tfcommon.cluster.kubernetes import KubernetesCluster
 
     cluster = KubernetesCluster.from_environment()
     cleanup.callback(cluster.close)
+    return cluster
+
+
+def namespace_labels(cluster: KubernetesCluster | None) -> NamespaceLabels:
+    """Namespace labels from the API server (cached) in a cluster; none in local mode."""
+    if cluster is None:
+        return local_namespace_labels
     return NamespaceLabelCache(cluster.get_namespace, ttl_s=NAMESPACE_LABELS_TTL_S)
 
 
@@ -78,11 +91,15 @@ def composer(tls: TlsFiles) -> Callable[[ServiceContext[WebhookSettings]], Await
         pools, pool_tasks = wire_gpu_pools(
             config, service="webhook", stop=context.stopping, report=False, on_close=context.cleanup.callback
         )
+        cluster = kubernetes_cluster(context.cleanup)
         service = AdmissionService(
             config=pools,
             bus=context.bus,
             takeovers=takeovers,
-            namespace_labels=namespace_labels(context.cleanup),
+            takeover_recheck=None
+            if cluster is None
+            else TakeoverRecheck(TakeoverLedger(context.ledger.engine), cluster.list_pods),
+            namespace_labels=namespace_labels(cluster),
             pod_indices=pod_indices,
             recommendations=recommendations.current,
         )

@@ -52,6 +52,7 @@ from tfwebhook.core.review import (
     render_response,
 )
 from tfwebhook.pod_index import CyclingPodIndices, PodIndices
+from tfwebhook.takeover_recheck import TakeoverRecheck
 
 MUTATE_PATH = "/mutate-v1-pod"
 PUBLISH_CONCURRENCY = 64
@@ -163,7 +164,8 @@ class VerdictCache:
 
 @dataclass
 class AdmissionService:
-    """Everything `POST /mutate-v1-pod` needs; `bus` and `takeovers` are None where there is none.
+    """Everything `POST /mutate-v1-pod` needs; `bus` and `takeovers` are None where there is none, and
+    `takeover_recheck` (freeing the slots of gone pods when a workload is full) is None outside a cluster.
 
     `pod_indices` gives each GPU pod taken over its device-plugin index (a dry run only previews
     one). `PodAdmitted` events wait in a bounded outbox of `outbox_limit` events; failed publishes are
@@ -174,6 +176,7 @@ class AdmissionService:
     config: ConfigProvider
     bus: EventBus | None = None
     takeovers: Takeovers | None = None
+    takeover_recheck: TakeoverRecheck | None = None
     namespace_labels: NamespaceLabels = no_namespace_labels
     pod_indices: PodIndices = field(default_factory=CyclingPodIndices)
     recommendations: Recommendations = no_recommendations
@@ -242,6 +245,11 @@ class AdmissionService:
                 granted = await self.takeovers.has_room(claim.workload_key, claim.limit, claim.slot_id)
             else:
                 granted = await self.takeovers.claim(claim.slot_id, claim.workload_key, claim.limit)
+            if not granted and self.takeover_recheck is not None:
+                workload = verdict.workload.workload if verdict.workload is not None else None
+                granted = await self.takeover_recheck.retry(
+                    request.namespace, workload, claim, dry_run=request.dry_run
+                )
             if not granted:
                 return Admitted(
                     reason=f"enabled-replicas: {claim.limit} pods of the workload already taken over"

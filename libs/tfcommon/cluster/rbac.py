@@ -39,6 +39,7 @@ REQUIRED_RBAC: dict[str, list[PolicyRule]] = {
     ],
     "webhook": [
         PolicyRule("", ("namespaces",), ("get",)),
+        PolicyRule("", ("pods",), ("list",)),
         PolicyRule(CUSTOM_RESOURCE_GROUP, ("gpupools",), ("list", "watch")),
     ],
     "defrag-planner": [

@@ -3,13 +3,17 @@
 A claim inserts one `takeover_slot` row under a per-workload advisory lock, only while the workload
 holds fewer than N rows, so concurrent admissions (any number of webhook replicas) never exceed N.
 Releasing deletes the row; the count is the number of rows, so it cannot leak or drift. The table
-comes from Alembic revision `0002_takeover_slots`. `TakeoverGate` adds the hot-path cache.
+comes from Alembic revisions `0002_takeover_slots` and `0010_takeover_slot_pod_uid` (the uid of the
+pod holding a slot, written by the scheduler when it first sees the pod). A claim may also free slots
+the caller found stale (`tfwebhook.core.takeover`), in the same transaction. `TakeoverGate` adds the
+hot-path cache.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Collection
+from dataclasses import dataclass
 from datetime import datetime
 
 import sqlalchemy as sa
@@ -22,7 +26,19 @@ takeover_slot = sa.Table(
     sa.Column("slot_id", sa.Text(), primary_key=True),
     sa.Column("workload_key", sa.Text(), nullable=False, index=True),
     sa.Column("claimed_at", sa.DateTime(timezone=True), server_default=sa.text("now()"), nullable=False),
+    sa.Column("pod_uid", sa.Text(), nullable=True),
 )
+
+
+@dataclass(frozen=True)
+class HeldSlot:
+    """One held slot of a workload: `pod_uid` once the scheduler has seen its pod (None before), and
+    how many seconds ago it was claimed, by the database's clock."""
+
+    slot_id: str
+    pod_uid: str | None
+    claimed_age_s: float
+
 
 _LOCK_WORKLOAD = sa.text("SELECT pg_advisory_xact_lock(hashtextextended(:key, 7466))")
 
@@ -42,14 +58,25 @@ class TakeoverLedger:
     def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
 
-    async def claim(self, slot_id: str, workload_key: str, limit: int) -> bool:
+    async def claim(
+        self, slot_id: str, workload_key: str, limit: int, *, stale: Collection[str] = ()
+    ) -> bool:
         """Take slot `slot_id` of `workload_key` if fewer than `limit` are held; True when held.
 
         Idempotent: claiming a slot id that is already held (a retried or reinvoked admission) is
-        granted again without counting twice.
+        granted again without counting twice. The workload's slots named in `stale` (whose pods are
+        gone or terminating) are released first, in the same transaction.
         """
         async with self.engine.begin() as connection:
             await connection.execute(_LOCK_WORKLOAD, {"key": workload_key})
+            if stale:
+                await connection.execute(
+                    takeover_slot.delete().where(
+                        takeover_slot.c.workload_key == workload_key,
+                        takeover_slot.c.slot_id.in_(list(stale)),
+                        takeover_slot.c.slot_id != slot_id,
+                    )
+                )
             existing = await connection.scalar(
                 sa.select(takeover_slot.c.workload_key).where(takeover_slot.c.slot_id == slot_id)
             )
@@ -98,6 +125,27 @@ class TakeoverLedger:
     async def held(self, workload_key: str) -> int:
         async with self.engine.connect() as connection:
             return await _held(connection, workload_key)
+
+    async def held_slots(self, workload_key: str) -> list[HeldSlot]:
+        """Every slot `workload_key` holds now, with its pod's uid (if seen) and its age."""
+        age = sa.func.extract("epoch", sa.func.now() - takeover_slot.c.claimed_at)
+        async with self.engine.connect() as connection:
+            rows = await connection.execute(
+                sa.select(takeover_slot.c.slot_id, takeover_slot.c.pod_uid, age)
+                .where(takeover_slot.c.workload_key == workload_key)
+                .order_by(takeover_slot.c.claimed_at)
+            )
+            return [HeldSlot(slot_id, pod_uid, float(seconds)) for slot_id, pod_uid, seconds in rows]
+
+    async def record_pod(self, slot_id: str, pod_uid: str) -> bool:
+        """Note that the pod `pod_uid` holding `slot_id` exists; True when this is the first note."""
+        async with self.engine.begin() as connection:
+            result = await connection.execute(
+                takeover_slot.update()
+                .where(takeover_slot.c.slot_id == slot_id, takeover_slot.c.pod_uid.is_(None))
+                .values(pod_uid=pod_uid)
+            )
+            return bool(result.rowcount)
 
 
 async def release_takeover(engine: AsyncEngine, slot_id: str) -> bool:

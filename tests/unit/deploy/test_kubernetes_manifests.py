@@ -392,7 +392,9 @@ def test_node_agent_may_only_keep_gpu_and_gpunode_objects() -> None:
 def test_webhook_and_metrics_only_read() -> None:
     assert (
         rules_of("webhook")
-        == grants("", ["namespaces"], ["get"]) | grants(TF, ["gpupools"], ["list", "watch"])
+        == grants("", ["namespaces"], ["get"])
+        | grants("", ["pods"], ["list"])
+        | grants(TF, ["gpupools"], ["list", "watch"])
         == required_by_code("webhook")
     )
     assert rules_of("metrics") == grants(TF, ["gpus", "gpunodes", "gpupools", "gpuresourcequotas"], READ)
