@@ -6,8 +6,9 @@ in the ledger for the pod's replacement (with an expiry, and whom it is for: the
 and controller owner uid), evict through the Eviction API, and wait until the replacement is bound
 elsewhere. The scheduler places the replacement into the hold (`SqlLedger.claim_hold`), so nothing
 else takes that capacity meanwhile; a hold left unclaimed is released once the replacement is placed
-elsewhere or not in time, and by expiry after a crash. A refused eviction or a replacement not placed
-in time stops that node: it gets `defrag-evict-skip=true` with the reason and the campaign goes on with
+elsewhere or not in time, and by expiry after a crash. An eviction a disruption budget still refuses
+when the replacement timeout passes (it is asked again until then) or a replacement not placed in
+time stops that node: it gets `defrag-evict-skip=true` with the reason and the campaign goes on with
 the next candidate. Decisions come from the core. Each eviction's `tf.evt.pod.evicted` is written to
 the ledger outbox in the transaction that records the move as evicted (the ledger's outbox relay
 publishes it, so neither a bus outage nor a crash loses it); the campaign's progress events go out
@@ -24,7 +25,7 @@ from datetime import datetime, timedelta
 from typing import Literal
 from uuid import UUID, uuid4, uuid5
 
-from tfcommon.cluster import Cluster, Evicted, EvictionBlocked, NotFound, Pod
+from tfcommon.cluster import Cluster, Evicted, EvictionBlocked, EvictionResult, NotFound, Pod
 from tfcommon.events import (
     DefragCampaignFinished,
     DefragCampaignStarted,
@@ -336,7 +337,7 @@ class CampaignExecutor:
             hold_allocation_id=hold_id,
             hold_expires_at=hold_expires_at,
         )
-        result = await deps.cluster.evict_pod(pod.namespace, pod.name)
+        result = await self._evict(campaign, pod)
         if isinstance(result, EvictionBlocked):
             await self._release_hold(hold_id, "defrag hold released: eviction refused")
             await deps.store.set_move_state(campaign.id, pod.uid, "failed", self._now(), reason=result.reason)
@@ -371,6 +372,19 @@ class CampaignExecutor:
             campaign, records[0], self._now() + deps.settings.replacement_timeout
         )
         return True
+
+    async def _evict(self, campaign: CampaignRecord, pod: Pod) -> EvictionResult:
+        """Evict through the Eviction API, asking again while a disruption budget refuses (429) until
+        the replacement timeout or the campaign's deadline: the disruption controller allows the next
+        eviction only once the previous replacement is Ready and counted, a moment after it is bound."""
+        until = self._now() + self.deps.settings.replacement_timeout
+        if campaign.deadline_at is not None:
+            until = min(until, campaign.deadline_at)
+        while True:
+            result = await self.deps.cluster.evict_pod(pod.namespace, pod.name)
+            if not isinstance(result, EvictionBlocked) or self._now() >= until:
+                return result
+            await asyncio.sleep(self.deps.settings.poll_interval_s)
 
     async def _mark_evicted(self, pool: str, pod: Pod) -> None:
         """Mark the evicted pod object while it terminates; never a replacement that reuses its name."""

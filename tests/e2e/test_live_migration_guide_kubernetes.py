@@ -9,8 +9,9 @@ maxUnavailable 1) runs on `sim-node-1`, the Deployment `solo` (no budget) on `si
 - `kubectl label gpunode sim-node-1 tensor-fusion.ai/do-not-disrupt=true` keeps a campaign off the node;
 - without the label, a campaign drains `sim-node-1` through the Eviction API, one pod at a time, and
   the ReplicaSet's replacements land on `sim-node-2`; `solo`, without a budget, is never moved;
-- a budget the disruption controller computes as allowing nothing (minAvailable 2 of 2) keeps the
-  planner off the node, and the API server refuses the planner's own eviction of such a pod;
+- a budget the disruption controller computes as allowing nothing (minAvailable 2 of 2) keeps a
+  campaign off the node, and the API server refuses the planner's own eviction of such a pod (its
+  service account's token, through the planner's Kubernetes evictor);
 - `kubectl cordon`, `kubectl delete pod`: the ReplicaSet's replacement is placed by our scheduler on
   the other node; `kubectl uncordon`.
 """
@@ -147,6 +148,10 @@ class Guide:
             and event["objectRef"].get("namespace") == NAMESPACE
         ]
 
+    def evictions(self) -> list[dict[str, Any]]:
+        """The audit events of the defrag planner's requests to the Eviction API."""
+        return [e for e in self.audited(PLANNER) if e["objectRef"].get("subresource") == "eviction"]
+
 
 @pytest.fixture(scope="module")
 def guide(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Guide]:
@@ -195,7 +200,7 @@ def test_do_not_disrupt_on_the_gpunode_keeps_a_campaign_off_the_node(guide: Guid
 
     assert (finished.outcome, finished.nodes_drained, finished.pods_evicted) == ("completed", 0, 0)
     assert {**guide.pods("serve"), **guide.pods("solo")} == before
-    assert [e for e in guide.audited(PLANNER) if e["objectRef"].get("subresource") == "eviction"] == []
+    assert guide.evictions() == []
     guide.stack.kubectl("label", "gpunode", SOURCE, f"{DO_NOT_DISRUPT}-")
     eventually("the plan to drain the node again", lambda: guide.plan()["drains"])
 
@@ -222,7 +227,7 @@ def test_a_campaign_evicts_through_the_eviction_api_one_pod_at_a_time_and_skips_
     assert not set(serve) & set(before["serve"]), "the ReplicaSet recreated both pods"
     assert guide.pods("solo") == before["solo"], "the workload without a budget is not moved"
     planner = guide.audited(PLANNER)
-    evictions = [e for e in planner if e["objectRef"].get("subresource") == "eviction"]
+    evictions = guide.evictions()
     granted = [e["objectRef"]["name"] for e in evictions if e["responseStatus"]["code"] == 201]
     assert sorted(granted) == sorted(before["serve"]), "each pod evicted once, through the Eviction API"
     refused = {e["responseStatus"]["code"] for e in evictions} - {201}
@@ -243,7 +248,8 @@ def test_a_campaign_evicts_through_the_eviction_api_one_pod_at_a_time_and_skips_
 
 
 def test_the_api_server_refuses_an_eviction_the_budget_forbids(guide: Guide) -> None:
-    guide.stack.apply({**serve_budget(NAMESPACE), "spec": {"minAvailable": 2, **_selector()}})
+    selector = serve_budget(NAMESPACE)["spec"]["selector"]
+    guide.stack.apply({**serve_budget(NAMESPACE), "spec": {"minAvailable": 2, "selector": selector}})
     status = eventually("the stricter budget's status", lambda: guide.budget_status("serve"))
     assert (status["currentHealthy"], status["desiredHealthy"], status["disruptionsAllowed"]) == (2, 2, 0)
     before = guide.pods("serve")
@@ -253,6 +259,10 @@ def test_the_api_server_refuses_an_eviction_the_budget_forbids(guide: Guide) -> 
     assert skip["reason"] == "pdb-blocked"
     assert f"PodDisruptionBudget {NAMESPACE}/serve allows no disruption now" in skip["message"]
     assert plan["drains"] == []
+    evictions_before = guide.evictions()
+    finished = guide.run_campaign()
+    assert (finished.nodes_drained, finished.pods_evicted) == (0, 0)
+    assert guide.evictions() == evictions_before, "the planner sent no eviction"
 
     planner = KubernetesCluster.from_environment(
         kubeconfig=str(guide.stack.state_dir / "kubernetes" / "services" / "defrag-planner.kubeconfig")
@@ -266,10 +276,6 @@ def test_the_api_server_refuses_an_eviction_the_budget_forbids(guide: Guide) -> 
     assert "The disruption budget serve needs 2 healthy pods and has 2 currently" in refused.reason
     assert guide.pods("serve") == before
     guide.stack.apply(serve_budget(NAMESPACE))
-
-
-def _selector() -> dict[str, Any]:
-    return {"selector": {"matchLabels": {"app": "serve"}}}
 
 
 def test_cordon_delete_the_replicaset_replacement_lands_on_the_other_node_uncordon(guide: Guide) -> None:

@@ -205,11 +205,14 @@ class LocalSeed:
 class StandInScheduler:
     """Binds each new pending pod of the namespace to the target and moves its ledger allocation there.
     `pending_peak` is the most replacements ever pending at once; `restore_budget` plays the
-    disruption controller (the budget allows evictions again once the replacement runs)."""
+    disruption controller (the budget allows evictions again once the replacement runs),
+    `budget_restored_after_s` after the binding, as kube-controller-manager does once the replacement
+    is Ready and counted."""
 
     scenario: Scenario
     put: object
     restore_budget: bool = True
+    budget_restored_after_s: float = 0.0
     recreate: bool = False
     pending_peak: int = 0
     placed: list[str] = field(default_factory=list)
@@ -264,7 +267,12 @@ class StandInScheduler:
                 await scenario.cluster.bind_pod(pod.namespace, pod.name, scenario.target)
                 self.placed.append(pod.name)
                 if self.restore_budget:
-                    self.put.put_budget(budget_manifest(pod.namespace, 5))  # type: ignore[attr-defined]
+                    restored = budget_manifest(pod.namespace, 5)
+                    asyncio.get_running_loop().call_later(
+                        self.budget_restored_after_s,
+                        self.put.put_budget,  # type: ignore[attr-defined]
+                        restored,
+                    )
         finally:
             await watch.aclose()
 

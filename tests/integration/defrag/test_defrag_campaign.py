@@ -88,7 +88,9 @@ async def test_an_eviction_refused_by_a_pdb_stops_that_node_and_marks_it(ledger:
     scenario, seed = await local_scenario(ledger, budget_allowed=1)
 
     async with running(StandInScheduler(scenario, seed, restore_budget=False)):
-        result = await scenario.executor().run(scenario.pool, CONFIG, trigger="manual")
+        result = await scenario.executor(replacement_timeout_s=1.0).run(
+            scenario.pool, CONFIG, trigger="manual"
+        )
 
     campaign = result.campaign
     assert campaign.outcome == "completed"

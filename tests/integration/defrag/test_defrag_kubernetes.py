@@ -61,13 +61,30 @@ async def test_a_node_is_drained_through_the_eviction_api(
     assert "tensor-fusion.ai/defrag-source-since" not in (metadata.get("annotations") or {})
 
 
+async def test_a_429_while_the_budget_still_counts_the_last_replacement_is_asked_again(
+    ledger: SqlLedger, api_server: KubernetesHarness
+) -> None:
+    scenario = await k8s_scenario(ledger, api_server, budget_allowed=1)
+    stand_in = StandInScheduler(scenario, api_server, recreate=True, budget_restored_after_s=0.5)
+
+    async with running(stand_in) as scheduler:
+        result = await scenario.executor().run(scenario.pool, CONFIG, trigger="manual")
+
+    assert result.campaign.drained_nodes == (scenario.source,)
+    assert result.campaign.failed_nodes == {}
+    assert result.campaign.pods_evicted == 2
+    assert sorted(scheduler.placed) == ["w1-r", "w2-r"]
+
+
 async def test_a_429_from_a_disruption_budget_marks_the_node_evict_skip(
     ledger: SqlLedger, api_server: KubernetesHarness
 ) -> None:
     scenario = await k8s_scenario(ledger, api_server, budget_allowed=1)
 
     async with running(StandInScheduler(scenario, api_server, recreate=True, restore_budget=False)):
-        result = await scenario.executor().run(scenario.pool, CONFIG, trigger="manual")
+        result = await scenario.executor(replacement_timeout_s=1.0).run(
+            scenario.pool, CONFIG, trigger="manual"
+        )
 
     assert result.campaign.pods_evicted == 1
     assert scenario.source in result.campaign.failed_nodes
