@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from uuid import UUID, uuid4
 
 import httpx
@@ -79,6 +79,7 @@ from tfctl.history_check import (
 from tfctl.stack import Child, StackOptions, plan_children
 
 log = logging.getLogger("tfctl.faults")
+T = TypeVar("T")
 NODES = ("H100:2", "A100-80G:2")
 API_TOKEN = "fault-campaign-token"
 NAMESPACES = ("team-a", "team-b")
@@ -526,6 +527,8 @@ class Chaos:
     poison_published: int = 0
     poison_terminated: int = 0
     defrag_requests: int = 0
+    evictions: dict[str, int] = field(default_factory=dict)
+    """`tf.evt.pod.evicted` in the stream at the end, by what evicted (defrag, preemption)."""
     not_run: dict[str, str] = field(default_factory=dict)
 
 
@@ -967,6 +970,8 @@ async def _check_everything(
     )
     if period is None:
         figures.count("lost", "the metrics service answered no bill")
+    evicted = [event.evicted_by or "?" for event in events if event.subject == subjects.POD_EVICTED]
+    chaos.evictions = {by: evicted.count(by) for by in sorted(set(evicted))}
     count_view_differences(figures, views.ledger, views.scheduler, views.agents)
     return violations, figures
 
@@ -1148,7 +1153,8 @@ async def _stream_events(js: Any, subject: str) -> list[BusEvent]:
                         sequence=message.metadata.sequence.stream,
                         subject=message.subject,
                         message_id=(message.headers or {}).get("Nats-Msg-Id", ""),
-                        allocation_id=_allocation_of(message.data),
+                        allocation_id=_field_of(message.data, "allocation_id", UUID),
+                        evicted_by=_field_of(message.data, "by", str),
                     )
                 )
                 if message.metadata.sequence.stream >= last:
@@ -1157,9 +1163,11 @@ async def _stream_events(js: Any, subject: str) -> list[BusEvent]:
         await subscription.unsubscribe()
 
 
-def _allocation_of(payload: bytes) -> UUID | None:
+def _field_of(payload: bytes, name: str, kind: Callable[[Any], T]) -> T | None:
+    """`kind(payload[name])`, or None when the payload is not JSON or has no such field."""
     with contextlib.suppress(ValueError, TypeError, AttributeError):
-        return UUID(json.loads(payload).get("allocation_id"))
+        value = json.loads(payload).get(name)
+        return None if value is None else kind(value)
     return None
 
 
@@ -1321,6 +1329,7 @@ def print_report(report: dict[str, Any], json_output: bool) -> None:
         + ", ".join(f"{key} {report[key]}" for key in HISTORY_FIGURES)
         + f"; fault kinds: {', '.join(report['fault_kinds'])}"
     )
+    print(f"chaos: {json.dumps(report['chaos'])}")
     for figure_name, examples in report["figures"]["examples"].items():
         for example in examples:
             print(f"  {figure_name}: {example}")

@@ -65,6 +65,8 @@ class BusEvent:
     subject: str
     message_id: str
     allocation_id: UUID | None
+    evicted_by: str | None = None
+    """For `tf.evt.pod.evicted`: what evicted it (`defrag`, `preemption`, `drain`)."""
 
 
 @dataclass(frozen=True)
