@@ -257,8 +257,8 @@ class KubernetesMode:
                 if self._to_place(event):
                     try:
                         await self.cordons_listed_after(time.monotonic())
-                    except ClusterError as error:
-                        log.warning("reading node cordons before placing failed: %s", error)
+                    except Exception:  # placed on the cordons last read; the pod is not dropped
+                        log.exception("reading node cordons before placing failed")
                 async with self._gate:
                     try:
                         await self.handle(event)
