@@ -41,11 +41,22 @@ SUPPORTED: Mapping[CustomResource, frozenset[str]] = {
         }
     ),
     CustomResource.GPU_NODE: frozenset(),
-    CustomResource.GPU_RESOURCE_QUOTA: frozenset(),
+    CustomResource.GPU_RESOURCE_QUOTA: frozenset(
+        {
+            "spec.total",  # scheduler: namespace totals, maxWorkers, alertThresholdPercent
+            "spec.single.maxRequests",  # scheduler and webhook: per-workload maxima
+            "spec.single.maxLimits.tflops",
+            "spec.single.maxLimits.vram",
+            "spec.single.maxGPUCount",
+            "spec.single.defaultRequests.tflops",  # webhook: defaults for a pod that names none
+            "spec.single.defaultRequests.vram",
+            "spec.single.defaultLimits.tflops",
+            "spec.single.defaultLimits.vram",
+        }
+    ),
 }
 """Per kind, the field paths some tfpool service reads from the object in Kubernetes mode (a path covers
-everything below it). GPUResourceQuota objects are not read yet: quotas come from the scheduler's
-quota file (`TF_SCHEDULER_QUOTA_FILE`)."""
+everything below it). GPUResourceQuota objects are read by the scheduler (`tfscheduler.quota_source`)."""
 
 DOCS = "docs/tensorfusion-compatibility.md"
 

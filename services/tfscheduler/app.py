@@ -49,6 +49,7 @@ from tfscheduler.core.quota import NamespaceQuota, QuotaError, parse_quota
 from tfscheduler.engine import Scheduler, placement_problems
 from tfscheduler.inventory import inventory_handler
 from tfscheduler.kubernetes_mode import KubernetesScheduler, wire_kubernetes
+from tfscheduler.quota_source import ClusterQuotas, QuotaStatusWriter, follow_quotas
 from tfscheduler.submission import Submission
 
 SERVICE = "scheduler"
@@ -195,6 +196,11 @@ async def compose(context: ServiceContext[SchedulerSettings]) -> Components:
         )
         pools.listeners.append(partial(setattr, scheduler, "config"))  # read at each placement
         tasks["gpu-pools"] = lambda: follow_gpu_pools(pools, cluster, stop)
+        quotas = ClusterQuotas(scheduler, file_quotas=scheduler.quotas)
+        tasks["gpu-resource-quotas"] = lambda: follow_quotas(quotas, cluster, stop)
+        follow_releases = with_quota_status(
+            follow_releases, QuotaStatusWriter(quotas, context.ledger, cluster)
+        )
         if kubernetes.leader_election:
             elector = leader_elector(cluster, kubernetes)
         del tasks["retry-pending"]  # the engine's retry would reserve pods that nobody binds
@@ -212,6 +218,17 @@ async def compose(context: ServiceContext[SchedulerSettings]) -> Components:
     freeze_startup_heap()
     freeze_full_collection_survivors()
     return Components(routers=routers, tasks=tasks, front_routes=front)
+
+
+def with_quota_status(
+    leader_only: Callable[[asyncio.Event], Tasks], writer: QuotaStatusWriter
+) -> Callable[[asyncio.Event], Tasks]:
+    """`leader_only`'s tasks and the GPUResourceQuota status writer (one writer: the leader)."""
+
+    def tasks(until: asyncio.Event) -> Tasks:
+        return {**leader_only(until), "quota-status": lambda: writer.run(until)}
+
+    return tasks
 
 
 def release_tasks(scheduler: Scheduler, bus: NatsEventBus) -> Callable[[asyncio.Event], Tasks]:

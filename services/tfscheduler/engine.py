@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
@@ -37,7 +37,9 @@ from tfcommon.ledger.records import (
     GpuRecord,
     HoldRecord,
     InsufficientCapacity,
+    NamespaceShare,
     NodeRecord,
+    QuotaHeld,
     ReservationRejected,
     ReservationRequest,
     ReservationResult,
@@ -72,6 +74,7 @@ from tfscheduler.core.quota import (
     check_total,
     demand_of,
     usage_by_namespace,
+    usage_of_shares,
     with_defaults,
 )
 from tfscheduler.core.reports import unschedulable_event, unschedulable_summary
@@ -893,13 +896,14 @@ class Scheduler:
                 for victim in plan.victims:
                     await self._evict(victim, workload)
                 continue
-            used = usage_by_namespace(a.record for a in self.active.values()).get(namespace, Usage())
-            over = check_total(quota, used, demand_of(outcome, request))
-            if over is not None:
-                return await self._wait(stored, over.reason, None, cause, announce)
-            result = await self._reserve(
-                _reservation(stored.allocation_id, submission, request, outcome, cause)
-            )
+            reservation = _reservation(stored.allocation_id, submission, request, outcome, cause)
+            if quota is None:
+                result = await self._reserve(reservation)
+            else:
+                checked = await self._reserve_within_quota(reservation, quota, outcome, request)
+                if isinstance(checked, QuotaHeld):
+                    return await self._wait(stored, checked.reason, None, cause, announce)
+                result = checked
             if isinstance(result, Reserved):
                 return await self._placed(stored, result, outcome)
             if isinstance(result, InsufficientCapacity | ReservationRejected):
@@ -942,6 +946,28 @@ class Scheduler:
         except IntegrityError:
             # Another scheduler reserved this workload on other GPUs at the same moment and committed
             # first; its outbox row (same event id) refused ours. The workload holds one allocation.
+            existing = await self.ledger.get_allocation(reservation.allocation_id)
+            if existing is None:
+                raise
+            return Reserved(allocation=existing, replayed=True)
+
+    async def _reserve_within_quota(
+        self, reservation: ReservationRequest, quota: NamespaceQuota, outcome: Placement, request: GpuRequest
+    ) -> ReservationResult | QuotaHeld:
+        """Reserve only if the namespace's usage in the ledger, read under the namespace's lock in the
+        reservation's own transaction, leaves room for it (`SqlLedger.reserve_within_quota`)."""
+        node = self.view.nodes.get(outcome.node)
+        capacity = {gpu.uuid: gpu.tflops_milli for gpu in node.gpus} if node is not None else {}
+        demand = demand_of(outcome, request, [capacity.get(uuid, 0) for uuid in outcome.gpu_uuids])
+
+        def check(shares: Sequence[NamespaceShare]) -> str | None:
+            used = usage_of_shares(shares).get(quota.namespace, Usage())
+            over = check_total(quota, used, demand)
+            return None if over is None else over.reason
+
+        try:
+            return await self.ledger.reserve_within_quota(reservation, check, commit=True)
+        except IntegrityError:
             existing = await self.ledger.get_allocation(reservation.allocation_id)
             if existing is None:
                 raise

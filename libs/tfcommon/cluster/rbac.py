@@ -35,7 +35,7 @@ REQUIRED_RBAC: dict[str, list[PolicyRule]] = {
         PolicyRule("policy", ("poddisruptionbudgets",), ("get", "list")),
         PolicyRule(CUSTOM_RESOURCE_GROUP, _CUSTOM_RESOURCES, ("get", "list")),
         PolicyRule(CUSTOM_RESOURCE_GROUP, _CUSTOM_STATUS, ("patch",)),
-        PolicyRule(CUSTOM_RESOURCE_GROUP, ("gpupools",), ("watch",)),
+        PolicyRule(CUSTOM_RESOURCE_GROUP, ("gpupools", "gpuresourcequotas"), ("watch",)),
     ],
     "webhook": [
         PolicyRule("", ("namespaces",), ("get",)),

@@ -324,6 +324,28 @@ ReservationResult = Reserved | InsufficientCapacity | ReservationRejected
 
 
 @dataclass(frozen=True)
+class NamespaceShare:
+    """One GPU share of an allocation not yet released, with its GPU's TFLOPS: what a namespace's quota
+    usage is counted from (`SqlLedger.namespace_shares`, `SqlLedger.reserve_within_quota`)."""
+
+    namespace: str
+    allocation_id: UUID
+    tflops_milli: int
+    vram_bytes: int
+    limit_tflops_milli: int
+    limit_vram_bytes: int
+    capacity_tflops_milli: int
+
+
+@dataclass(frozen=True)
+class QuotaHeld:
+    """A reservation not made: the namespace's quota, checked in the reservation's own transaction,
+    refused it; `reason` is the check's message."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
 class HoldFor:
     """Whom a capacity hold (a defrag planner's allocation) is kept for: the evicted pod's namespace and
     name and its controller owner's uid (None when it has none). Its replacement claims the hold."""

@@ -47,9 +47,11 @@ from tfcommon.ledger.records import (
     HoldRecord,
     InsufficientCapacity,
     LedgerInputError,
+    NamespaceShare,
     NodeRecord,
     NodeSpec,
     PoolRecord,
+    QuotaHeld,
     ReservationRejected,
     ReservationRequest,
     ReservationResult,
@@ -299,6 +301,46 @@ class SqlLedger:
         entries), saving the separate `commit()` transaction where binding cannot fail (local mode).
         """
         return (await self.reserve_many([request], commit=commit))[0]
+
+    async def namespace_shares(self, namespaces: Sequence[str] | None = None) -> list[NamespaceShare]:
+        """The shares of every allocation not yet released in `namespaces` (all when None)."""
+        async with self.engine.connect() as connection:
+            return await _namespace_shares(connection, namespaces)
+
+    async def reserve_within_quota(
+        self,
+        request: ReservationRequest,
+        check: Callable[[Sequence[NamespaceShare]], str | None],
+        *,
+        commit: bool = False,
+    ) -> ReservationResult | QuotaHeld:
+        """`reserve()` only if `check(the namespace's current shares)` returns None, in one transaction.
+
+        The transaction first takes a lock on the namespace (a Postgres transaction-scoped advisory
+        lock), so the usage `check` reads cannot change before the reservation commits: two schedulers
+        placing in one namespace at once are checked one after the other and cannot overshoot its
+        quota together. A release takes no lock (it only lowers usage). Returns `QuotaHeld` with the
+        check's message when it refuses; nothing is written then."""
+        namespace = request.workload.namespace
+        for attempt in range(1, DEADLOCK_ATTEMPTS + 1):
+            try:
+                async with self.engine.begin() as connection:
+                    await connection.execute(_NAMESPACE_LOCK, {"key": f"tf-quota:{namespace}"})
+                    refusal = check(await _namespace_shares(connection, [namespace]))
+                    if refusal is not None:
+                        return QuotaHeld(refusal)
+                    try:
+                        async with connection.begin_nested():
+                            return await _reserve_one(connection, request, self._clock(), commit)
+                    except _PartialReservationError:
+                        return await _unreserved_result(connection, request)
+                    except IntegrityError as error:
+                        return _refusal_result(request, error)
+            except DBAPIError as error:
+                if _sqlstate(error) not in RETRYABLE_SQLSTATES or attempt == DEADLOCK_ATTEMPTS:
+                    raise
+                record_ledger_retry("reserve_within_quota")
+        raise AssertionError("unreachable")
 
     async def reserve_many(
         self,
@@ -592,6 +634,31 @@ stale its view."""
 
 _RESERVE_QUERY = re.sub(r"(?<![:\w]):(\w+)", r"%(\1)s", _RESERVE_STATEMENT.text)
 """`_RESERVE_STATEMENT` in psycopg's parameter style, for pipeline mode."""
+
+
+_NAMESPACE_LOCK = text("SELECT pg_advisory_xact_lock(hashtextextended(:key, 0))")
+
+
+async def _namespace_shares(
+    connection: AsyncConnection, namespaces: Sequence[str] | None
+) -> list[NamespaceShare]:
+    allocation, gpu = tables.allocation, tables.gpu
+    query = (
+        select(
+            allocation.c.workload_namespace,
+            allocation.c.allocation_id,
+            allocation.c.request_tflops_milli,
+            allocation.c.request_vram_bytes,
+            allocation.c.limit_tflops_milli,
+            allocation.c.limit_vram_bytes,
+            gpu.c.capacity_tflops_milli,
+        )
+        .join(gpu, gpu.c.uuid == allocation.c.gpu_uuid)
+        .where(allocation.c.state != "released")
+    )
+    if namespaces is not None:
+        query = query.where(allocation.c.workload_namespace.in_(list(namespaces)))
+    return [NamespaceShare(*row) for row in await connection.execute(query)]
 
 
 class BatchAbandonedError(Exception):

@@ -162,7 +162,7 @@ async def test_namespace_quota_keeps_a_pod_pending_until_usage_falls(
     waiting = await scheduler.submit(a_submission(tflops_milli=10_000))
     assert waiting.state == "pending"
     assert waiting.reason == (
-        "quota team-a: total.requests.tflops would be 30 of 25 (in use 20); "
+        "GPUResourceQuota team-a/team-a: total.requests.tflops would be 30 of 25 (in use 20); "
         "waiting for the namespace's usage to fall"
     )
     other_namespace = await scheduler.submit(a_submission(namespace="team-b", tflops_milli=10_000))
@@ -224,7 +224,7 @@ async def test_quota_single_maximum_refuses_with_the_reason(ledger: SqlLedger, b
     await scheduler.start()
     status = await scheduler.submit(a_submission(gpu_count=3))
     assert status.state == "refused"
-    assert status.reason == "quota team-a: single.maxGPUCount is 2 per workload, asked 3"
+    assert status.reason == "GPUResourceQuota team-a/team-a: single.maxGPUCount is 2 per workload, asked 3"
 
 
 async def test_preemption_evicts_the_lowest_qos_then_youngest_for_a_higher_priority_pod(

@@ -119,7 +119,7 @@ def test_total_quota_counts_exact_milli_tflops_and_compute_percent() -> None:
     assert refusal is not None
     assert refusal.retryable
     assert refusal.reason.startswith(
-        "quota team-a: total.requests.tflops would be 60501m of 60500m (in use 501m)"
+        "GPUResourceQuota team-a/team-a: total.requests.tflops would be 60501m of 60500m (in use 501m)"
     )
 
 
@@ -131,7 +131,10 @@ def test_worker_count_and_single_maxima() -> None:
     single = check_single(quota, a_request(vram=20 * GIB))
     assert single is not None
     assert not single.retryable
-    assert single.reason == "quota team-a: single.maxRequests.vram is 16Gi per workload, asked 20Gi"
+    assert (
+        single.reason
+        == "GPUResourceQuota team-a/team-a: single.maxRequests.vram is 16Gi per workload, asked 20Gi"
+    )
 
 
 def test_quota_manifest_parses_exactly_and_names_bad_fields() -> None:

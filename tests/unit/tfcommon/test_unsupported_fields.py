@@ -25,10 +25,24 @@ def test_a_whole_unsupported_section_is_named_once_and_supported_leaves_are_not(
     )
 
 
-def test_nothing_set_in_a_gpunode_or_quota_spec_is_acted_on_yet() -> None:
+def test_nothing_set_in_a_gpunode_spec_is_acted_on_yet() -> None:
     assert unsupported_fields(CustomResource.GPU_NODE, {"costPerHour": "1.2"}) == ("spec.costPerHour",)
-    quota = {"total": {"maxWorkers": 3}, "single": {"maxGPUCount": 2}}
-    assert unsupported_fields(CustomResource.GPU_RESOURCE_QUOTA, quota) == ("spec.single", "spec.total")
+
+
+def test_quota_fields_are_acted_on_except_compute_limits_and_compute_defaults() -> None:
+    quota = {
+        "total": {"maxWorkers": 3, "requests": {"compute": "50"}},
+        "single": {
+            "maxGPUCount": 2,
+            "maxRequests": {"compute": "20"},
+            "maxLimits": {"tflops": "10", "compute": "30"},
+            "defaultRequests": {"tflops": "1", "compute": "5"},
+        },
+    }
+    assert unsupported_fields(CustomResource.GPU_RESOURCE_QUOTA, quota) == (
+        "spec.single.defaultRequests.compute",
+        "spec.single.maxLimits.compute",
+    )
 
 
 def test_condition_is_false_when_every_field_is_acted_on() -> None:

@@ -1,0 +1,162 @@
+"""TensorFusion's sample GPUResourceQuota objects, applied as they are to a real API server, enforced by the
+scheduler through a watch (`tfscheduler.quota_source`) with a real Postgres ledger and NATS: `single`
+maxima refuse for good, `total.maxWorkers` keeps a pod pending with the quota named, the object's
+`status` follows placements and releases within 2 seconds, crossing `alertThresholdPercent` sets the
+condition and posts a Warning Event, and an edit of the object takes effect within 2 seconds (the times
+are printed: `docs/kubernetes.md` quotes them)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from scheduler_builders import a_submission, register_nodes
+from tfcommon.bus import NatsEventBus
+from tfcommon.cluster.kubernetes import KubernetesCluster
+from tfcommon.kube_local import LocalKubernetes
+from tfcommon.ledger.sql import SqlLedger
+from tfscheduler.engine import Scheduler
+from tfscheduler.quota_source import ClusterQuotas, QuotaStatusWriter, follow_quotas
+
+pytestmark = pytest.mark.integration
+LONG = timedelta(hours=1)
+WITHIN_S = 2.0
+SAMPLES = Path(__file__).resolve().parents[1] / "deploy" / "tensorfusion_samples" / "v1_gpuresourcequota.yaml"
+NAMESPACES = ("production-namespace", "development-namespace", "research-namespace")
+DEV = "development-namespace"
+
+
+def kubectl(control_plane: LocalKubernetes, *args: str, stdin: str | None = None) -> str:
+    result = subprocess.run(
+        [str(Path(sys.executable).parent / "kubectl"), f"--kubeconfig={control_plane.kubeconfig}", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, f"kubectl {' '.join(args)}: {result.stderr}"
+    return result.stdout
+
+
+def quota_object(control_plane: LocalKubernetes) -> dict[str, Any]:
+    found: dict[str, Any] = json.loads(
+        kubectl(control_plane, "get", "gpuresourcequota", DEV, "-n", DEV, "-o", "json")
+    )
+    return found
+
+
+async def until(check: Callable[[], bool], *, within_s: float, what: str) -> float:
+    started = time.monotonic()
+    while not check():
+        if time.monotonic() - started > within_s:
+            raise AssertionError(f"{what} not seen within {within_s}s")
+        await asyncio.sleep(0.01)
+    return time.monotonic() - started
+
+
+def used(control_plane: LocalKubernetes) -> dict[str, Any]:
+    status = quota_object(control_plane).get("status") or {}
+    return dict(status.get("used") or {})
+
+
+def condition(control_plane: LocalKubernetes, kind: str) -> dict[str, Any]:
+    conditions = (quota_object(control_plane).get("status") or {}).get("conditions") or []
+    return next((c for c in conditions if c["type"] == kind), {})
+
+
+def alert_events(control_plane: LocalKubernetes) -> list[dict[str, Any]]:
+    selector = "reason=QuotaAlertThresholdReached"
+    out = kubectl(control_plane, "get", "events", "-n", DEV, "--field-selector", selector, "-o", "json")
+    items: list[dict[str, Any]] = json.loads(out)["items"]
+    return items
+
+
+async def test_the_sample_quotas_are_enforced_and_report_their_usage(
+    local_kubernetes: LocalKubernetes, ledger: SqlLedger, bus: NatsEventBus
+) -> None:
+    for namespace in NAMESPACES:
+        manifest = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}
+        kubectl(local_kubernetes, "apply", "-f", "-", stdin=json.dumps(manifest))
+    kubectl(local_kubernetes, "apply", "--validate=strict", "-f", str(SAMPLES))
+    await register_nodes(ledger, nodes=1, gpus=4)
+    scheduler = Scheduler(ledger, bus, heartbeat_timeout=LONG)
+    await scheduler.start()
+    cluster = KubernetesCluster.from_environment(
+        kubeconfig=str(local_kubernetes.kubeconfig), watch_timeout_s=5
+    )
+    quotas = ClusterQuotas(scheduler, file_quotas={})
+    writer = QuotaStatusWriter(quotas, ledger, cluster, interval_s=0.2)
+    stop = asyncio.Event()
+    tasks = [asyncio.create_task(follow_quotas(quotas, cluster, stop)), asyncio.create_task(writer.run(stop))]
+    try:
+        await asyncio.wait_for(quotas.synced.wait(), timeout=10)
+        await until(lambda: DEV in scheduler.quotas, within_s=10, what="the sample quotas")
+        assert set(NAMESPACES) <= set(scheduler.quotas)
+        dev = scheduler.quotas[DEV]
+        assert (dev.max_workers, dev.total_requests_tflops_milli, dev.max_gpu_count) == (20, 200_000, 2)
+
+        too_big = await scheduler.submit(a_submission(namespace=DEV, tflops_milli=60_000))
+        assert too_big.state == "refused"
+        assert too_big.reason == (
+            f"GPUResourceQuota {DEV}/{DEV}: single.maxRequests.tflops is 50 per workload, asked 60"
+        )
+
+        first = await scheduler.submit(a_submission(namespace=DEV, tflops_milli=40_000))
+        assert first.state == "placed"
+        seen = await until(
+            lambda: used(local_kubernetes).get("workers") == 1, within_s=WITHIN_S, what="status after placing"
+        )
+        print(f"placement -> GPUResourceQuota status: {seen * 1000:.0f} ms")
+        assert used(local_kubernetes)["requests"] == {"tflops": "40", "vram": "8Gi", "compute": "40"}
+        assert condition(local_kubernetes, "Ready")["status"] == "True"
+        assert condition(local_kubernetes, "AlertThresholdReached")["status"] == "False"
+
+        edited = time.monotonic()
+        kubectl(
+            local_kubernetes,
+            "patch", "gpuresourcequota", DEV, "-n", DEV, "--type=merge",
+            "-p", json.dumps({"spec": {"total": {"maxWorkers": 1}}}),
+        )  # fmt: skip
+        await until(lambda: scheduler.quotas[DEV].max_workers == 1, within_s=WITHIN_S, what="the edit")
+        print(f"GPUResourceQuota edit -> scheduler: {(time.monotonic() - edited) * 1000:.0f} ms")
+        waiting = await scheduler.submit(a_submission(namespace=DEV, tflops_milli=10_000))
+        assert waiting.state == "pending"
+        assert waiting.reason == (
+            f"GPUResourceQuota {DEV}/{DEV}: total.maxWorkers would be 2 of 1 (in use 1); "
+            "waiting for the namespace's usage to fall"
+        )
+        other = await scheduler.submit(a_submission(namespace="research-namespace", tflops_milli=10_000))
+        assert other.state == "placed"
+
+        await until(
+            lambda: condition(local_kubernetes, "AlertThresholdReached").get("status") == "True",
+            within_s=WITHIN_S,
+            what="AlertThresholdReached",
+        )
+        assert quota_object(local_kubernetes)["status"]["availablePercent"]["workers"] == "0"
+        await until(lambda: bool(alert_events(local_kubernetes)), within_s=WITHIN_S, what="the alert Event")
+        events = alert_events(local_kubernetes)
+        assert [e["type"] for e in events] == ["Warning"]
+        assert events[0]["involvedObject"]["kind"] == "GPUResourceQuota"
+        assert "workers at 100% of its bound" in events[0]["message"]
+
+        assert await scheduler.release(first.id, "workload-ended")
+        released = time.monotonic()
+        await until(
+            lambda: used(local_kubernetes).get("workers") == 0, within_s=WITHIN_S, what="status after release"
+        )
+        print(f"release -> GPUResourceQuota status: {(time.monotonic() - released) * 1000:.0f} ms")
+        assert await scheduler.retry_pending() == 1
+    finally:
+        stop.set()
+        await asyncio.wait_for(asyncio.gather(*tasks), timeout=10)
+        cluster.close()
+        kubectl(local_kubernetes, "delete", "-f", str(SAMPLES), "--wait=false")
