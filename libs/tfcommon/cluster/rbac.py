@@ -1,8 +1,9 @@
 """The Kubernetes permissions `KubernetesCluster` needs, as data, per consumer of the port.
 
 The deploy manifests (`k8s/`) must grant exactly these rules to each service account; a test compares the
-two. Pure data; when the adapter starts calling a new verb or resource, add it here and in
-`docs/kubernetes.md`.
+two, and `tests/e2e/test_kube_rbac_audit.py` checks them against what the services used in a run (the
+API server's audit log). Pure data; when a service starts calling a new verb or resource, add it here and
+in `docs/kubernetes.md`; when none calls one any more, take it out.
 """
 
 from __future__ import annotations
@@ -31,9 +32,8 @@ REQUIRED_RBAC: dict[str, list[PolicyRule]] = {
         PolicyRule("", ("pods/eviction",), ("create",)),
         PolicyRule("", ("pods/status",), ("patch",)),
         PolicyRule("", ("events",), ("create",)),
-        PolicyRule("", ("nodes",), ("get", "list")),
-        PolicyRule("policy", ("poddisruptionbudgets",), ("get", "list")),
-        PolicyRule(CUSTOM_RESOURCE_GROUP, _CUSTOM_RESOURCES, ("get", "list")),
+        PolicyRule("", ("nodes",), ("list",)),
+        PolicyRule(CUSTOM_RESOURCE_GROUP, ("gpunodes", "gpupools", "gpuresourcequotas"), ("list",)),
         PolicyRule(CUSTOM_RESOURCE_GROUP, _CUSTOM_STATUS, ("patch",)),
         PolicyRule(CUSTOM_RESOURCE_GROUP, ("gpupools", "gpuresourcequotas"), ("watch",)),
     ],
@@ -46,8 +46,8 @@ REQUIRED_RBAC: dict[str, list[PolicyRule]] = {
         PolicyRule("", ("pods",), ("get", "list", "patch")),
         PolicyRule("", ("pods/eviction",), ("create",)),
         PolicyRule("", ("nodes",), ("get", "list", "patch")),
-        PolicyRule("policy", ("poddisruptionbudgets",), ("get", "list")),
-        PolicyRule(CUSTOM_RESOURCE_GROUP, ("gpus", "gpunodes", "gpupools"), ("get", "list")),
+        PolicyRule("policy", ("poddisruptionbudgets",), ("list",)),
+        PolicyRule(CUSTOM_RESOURCE_GROUP, ("gpunodes", "gpupools"), ("list",)),
         PolicyRule(CUSTOM_RESOURCE_GROUP, ("gpupools/status",), ("patch",)),
         PolicyRule(CUSTOM_RESOURCE_GROUP, ("gpupools",), ("watch",)),
         PolicyRule("", ("events",), ("create",)),

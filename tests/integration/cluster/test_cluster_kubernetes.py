@@ -150,6 +150,7 @@ async def test_every_request_the_adapter_makes_is_granted_by_required_rbac(api: 
     state.put("/v1/nodes", a_node("n"))
     state.put("policy/v1/poddisruptionbudgets", a_budget("pdb", "web", allowed=1))
     state.put("tensor-fusion.ai/v1/gpupools", {"metadata": {"name": "pool-a"}, "spec": {}})
+    state.put("tensor-fusion.ai/v1/gpunodes", {"metadata": {"name": "n"}, "spec": {}})
     cluster = api.cluster
     pod = await cluster.get_pod("default", "p")
     assert pod is not None
@@ -163,7 +164,7 @@ async def test_every_request_the_adapter_makes_is_granted_by_required_rbac(api: 
     await cluster.list_nodes()
     await cluster.patch_node_metadata("n", labels={"tensor-fusion.ai/defrag-source": "true"})
     await cluster.list_disruption_budgets()
-    await cluster.get_custom_object(CustomResource.GPU_POOL, "pool-a")
+    await cluster.get_custom_object(CustomResource.GPU_NODE, "n")
     await cluster.list_custom_objects(CustomResource.GPU_POOL)
     await cluster.patch_custom_status(CustomResource.GPU_POOL, "pool-a", {"phase": "Running"})
     watch = cluster.watch_pods(SCHEDULER)
