@@ -36,6 +36,7 @@ from kube_stack_up import (
     eventually,
     running_kube_stack,
 )
+from stack_up import DEFRAG_EVERY_SECOND
 
 pytestmark = pytest.mark.e2e
 
@@ -53,24 +54,7 @@ CONFIG = {
             "scope": {"includes": {"namespaceSelector": {"matchLabels": {"gpu-migration": "enabled"}}}},
         }
     },
-    "gpuPools": [
-        {
-            "name": "default",
-            "isDefault": True,
-            "specTemplate": {
-                "nodeManagerConfig": {
-                    "nodeCompaction": {
-                        "defrag": {
-                            "enabled": True,
-                            "timezone": "UTC",
-                            "maxDuration": "1s",
-                            "utilizationThresholdPercent": 100,
-                        }
-                    }
-                }
-            },
-        }
-    ],
+    "gpuPools": [{**pool, "isDefault": True} for pool in DEFRAG_EVERY_SECOND["gpuPools"]],
 }
 """A namespace selector (so the webhook reads namespaces) and defrag of any node, of pods older than 1 s."""
 
