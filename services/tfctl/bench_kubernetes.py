@@ -44,7 +44,7 @@ import httpx
 from tfagent.core.inventory import GpuDevice, NodeInventory
 from tfagent.kubernetes_status import KubernetesStatus
 from tfcommon.cluster.kubernetes import KubernetesCluster
-from tfcommon.kube_local import ADMIN, KWOK_NODE_ANNOTATION, LocalKubernetes, running
+from tfcommon.kube_local import ADMIN, LocalKubernetes, running
 from tfcommon.ledger.sql import SqlLedger
 from tfscheduler.bench import (
     GPU_TFLOPS_MILLI,
@@ -55,11 +55,12 @@ from tfscheduler.bench import (
 
 from tfctl.bench_servers import nats_server, postgres_server, scratch_database
 from tfctl.kube_stack import (
+    DEVICE_PLUGIN_RESOURCE,
     KUBECTL,
     MANIFESTS,
     NAMESPACE,
-    NODE_LABELS,
     SERVICE_ACCOUNTS,
+    kwok_node,
     local_manifests,
     token_kubeconfig,
 )
@@ -75,7 +76,7 @@ OUR_SCHEDULER = "tensor-fusion-scheduler"
 KUBE_SCHEDULER = "default-scheduler"
 OUR_SERVICE_ACCOUNT = f"system:serviceaccount:{NAMESPACE}:{SERVICE_ACCOUNTS['scheduler']}"
 NODE_PREFIX = "bench"
-GPU_RESOURCE = "nvidia.com/gpu"
+GPU_RESOURCE = DEVICE_PLUGIN_RESOURCE
 FRACTIONAL_TFLOPS = "20"
 FRACTIONAL_VRAM = "16Gi"
 SETUP_CONCURRENCY = 16
@@ -178,20 +179,8 @@ PHASES = (
 
 
 def gpu_node(name: str, gpus: int) -> Manifest:
-    """A node KWOK keeps Ready, labelled as `tfctl up --kubernetes` labels its nodes, advertising `gpus`
-    cards of `nvidia.com/gpu` as the device plugin would (KWOK keeps the capacity a node has)."""
-    key, value = KWOK_NODE_ANNOTATION
-    resources = {"cpu": "128", "memory": "1Ti", "pods": "110", GPU_RESOURCE: str(gpus)}
-    return {
-        "apiVersion": "v1",
-        "kind": "Node",
-        "metadata": {
-            "name": name,
-            "annotations": {key: value},
-            "labels": {**NODE_LABELS, "kubernetes.io/hostname": name},
-        },
-        "status": {"capacity": resources, "allocatable": resources},
-    }
+    """A KWOK node as `tfctl up --kubernetes` makes it, advertising `gpus` cards of `nvidia.com/gpu`."""
+    return kwok_node(name, f"H100:{gpus}")
 
 
 def node_names(nodes: int) -> list[str]:
