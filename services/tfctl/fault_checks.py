@@ -18,6 +18,19 @@ WorkloadKey = tuple[str, str, str]
 """(namespace, name, uid) of one submitted workload incarnation."""
 
 
+DEFRAG_HOLD_NAMESPACE = "tfpool-defrag"
+"""Where the defrag planner's capacity holds live: `hold-<namespace>-<name>` of the workload it moves."""
+
+
+def defrag_hold_of(workload: WorkloadKey, names: Iterable[tuple[str, str]]) -> tuple[str, str] | None:
+    """The (namespace, name) among `names` that `workload` is a defrag capacity hold for, if it is one."""
+    namespace, name, _ = workload
+    if namespace != DEFRAG_HOLD_NAMESPACE or not name.startswith("hold-"):
+        return None
+    held = name.removeprefix("hold-")
+    return next((candidate for candidate in names if f"{candidate[0]}-{candidate[1]}"[:248] == held), None)
+
+
 @dataclass(frozen=True)
 class Operation:
     """One client call and its result: `ok` (acknowledged), `fail` (surely not done) or `unknown`.
@@ -149,7 +162,8 @@ def check_submissions(
     release_tried = {op.workload for op in operations if op.kind == "release" and op.outcome != "fail"}
     submitted_names = {workload[:2] for workload in submitted}
     for workload in sorted(set(allocated_workloads) - submitted):
-        if workload[:2] not in submitted_names:  # else a replacement of an evicted one (new uid)
+        # Else a replacement of an evicted one (new uid), or the defrag planner's hold for one.
+        if workload[:2] not in submitted_names and defrag_hold_of(workload, submitted_names) is None:
             violations.append(f"workload {'/'.join(workload)} has an allocation nobody asked for")
     for workload in sorted(submitted):
         final = finals.get(workload)

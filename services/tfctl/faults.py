@@ -96,6 +96,9 @@ mutates is then submitted as `tfctl submit` does); the others go to the schedule
 PROTECTED_SHARE = 0.3
 PROTECTION_S = 4
 DEFRAG_EVERY_S = 4.0
+DEFRAG_WINDOW_MS = 20_000
+"""Each requested campaign's window; the pool's `maxDuration` (1 s) is also the age under which the
+planner leaves a workload alone (`fresh-worker`), so that the load's workloads can be moved."""
 """Share of submissions asking for eviction protection, and how long (billed at the surcharge)."""
 SETTLE_TIMEOUT_S = 60.0
 BILL_QUANTUM = Decimal("0.000001")
@@ -108,7 +111,7 @@ ALLOCATION_CONSUMER_PREFIXES = (
 DEFRAG_EVERY_NODE = {
     "enabled": True,
     "timezone": "UTC",
-    "maxDuration": "20s",
+    "maxDuration": "1s",
     "utilizationThresholdPercent": 100,
 }
 DEFRAG_CONFIG = {
@@ -232,7 +235,6 @@ class FaultStack:
     async def spawn(self, name: str) -> None:
         managed = self.children[name]
         managed.child.log_path.parent.mkdir(parents=True, exist_ok=True)
-        managed.expected_exit = False
         with managed.child.log_path.open("ab") as log:
             managed.process = await asyncio.create_subprocess_exec(
                 *managed.child.argv,
@@ -243,6 +245,9 @@ class FaultStack:
                 start_new_session=True,
                 preexec_fn=die_with_parent(signal.SIGTERM),
             )
+        # Only now: until the new process is in place the supervisor must not take the one the
+        # campaign killed for an exit of its own (and start a second copy that finds its port taken).
+        managed.expected_exit = False
 
     async def kill(self, name: str) -> None:
         managed = self.children[name]
@@ -870,7 +875,12 @@ async def _request_defrag(stack: FaultStack, stop: asyncio.Event, chaos: Chaos) 
         try:
             bus = NatsEventBus(connection_, connection_.jetstream(timeout=2.0), "fault-campaign")
             await bus.publish(
-                StartDefragCampaign(event_id=uuid4(), occurred_at=datetime.now(UTC), pool="default")
+                StartDefragCampaign(
+                    event_id=uuid4(),
+                    occurred_at=datetime.now(UTC),
+                    pool="default",
+                    max_duration_ms=DEFRAG_WINDOW_MS,
+                )
             )
             chaos.defrag_requests += 1
         except (nats.errors.Error, OSError, TimeoutError):

@@ -12,7 +12,9 @@ order, every message in the events stream and the bill the metrics service answe
   submission landing as two allocations, an allocation announced created under two event ids, a
   message id stored twice in the stream (deliberate republishes excluded);
 - `phantom`: present but never requested: an allocation of a workload nobody submitted, of a
-  submission that surely never arrived (`fail`), a replacement without an eviction before it, a
+  submission that surely never arrived (`fail`), a replacement without an eviction before it (the
+  defrag planner's capacity holds, `tfpool-defrag/hold-<namespace>-<name>`, are priced as their
+  workload and are no phantom while that workload was submitted), a
   `tf.evt.allocation.created` of an allocation the ledger never opened;
 - `bill_difference`: the billed total minus an oracle computed here, with exact rational arithmetic,
   from the intervals in the history priced with the request each client sent (not the ledger's copy)
@@ -34,7 +36,7 @@ from fractions import Fraction
 from typing import Any
 from uuid import UUID
 
-from tfctl.fault_checks import HistoryRow, Operation, WorkloadKey
+from tfctl.fault_checks import HistoryRow, Operation, WorkloadKey, defrag_hold_of
 
 EXAMPLES = 10
 GIB = 1024**3
@@ -363,6 +365,8 @@ def _count_phantoms(
         seen.add(interval.allocation_id)
         workload, lineage = interval.workload, interval.workload[:2]
         name = "/".join(workload)
+        if defrag_hold_of(workload, lineages) is not None:
+            continue  # the defrag planner's capacity hold for a submitted workload's replacement
         if lineage not in lineages:
             figures.count("phantom", f"allocation {interval.allocation_id} of {name}, which nobody submitted")
         elif workload in submissions:
@@ -396,7 +400,11 @@ def _request_of(
     body = submissions.get(workload)
     if body is not None:
         return body
-    return next((body for key, body in submissions.items() if key[:2] == workload[:2]), None)
+    lineage = defrag_hold_of(workload, {key[:2] for key in submissions}) or workload[:2]
+    found = next((body for key, body in submissions.items() if key[:2] == lineage), None)
+    if found is not None and lineage != workload[:2]:
+        return {**found, "eviction_protection_s": 0}  # a hold is never protected
+    return found
 
 
 def bill_oracle(

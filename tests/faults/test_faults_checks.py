@@ -166,3 +166,13 @@ def test_views_agree_only_when_the_scheduler_and_agents_hold_the_ledgers_open_al
         f"scheduler hold 1 allocations the ledger closed, e.g. {closed}",
         f"node agents miss 1 open allocations, e.g. {held}",
     ]
+
+
+def test_the_defrag_planners_hold_for_a_submitted_workload_is_no_allocation_nobody_asked_for() -> None:
+    hold: WorkloadKey = ("tfpool-defrag", "hold-team-a-pod-1", "hold-uid")
+    stranger: WorkloadKey = ("tfpool-defrag", "hold-team-b-ghost", "hold-uid-2")
+    finals = {POD: FinalStatus("placed", None, {uuid4(): True})}
+    assert check_submissions([a_submit()], finals, [POD, hold]) == []
+    assert check_submissions([a_submit()], finals, [POD, stranger]) == [
+        "workload tfpool-defrag/hold-team-b-ghost/hold-uid-2 has an allocation nobody asked for"
+    ]

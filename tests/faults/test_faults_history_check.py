@@ -254,3 +254,16 @@ def test_a_pending_submission_its_client_released_is_not_lost() -> None:
     assert check([pending], [], [], billed=Decimal(0)).lost == 1
     assert check([pending, release], [], [], billed=Decimal(0)).lost == 0
     assert fault_kind("sigkill scheduler + pg_terminate_backend") == "overlapping"
+
+
+def test_the_defrag_planners_hold_for_a_submitted_workload_is_priced_as_it_and_no_phantom() -> None:
+    _, operations, history, bus = a_released_hour()
+    hold: WorkloadKey = ("tfpool-defrag", f"hold-{POD[0]}-{POD[1]}", "hold-uid")
+    stranger: WorkloadKey = ("tfpool-defrag", "hold-team-b-nobody", "hold-uid-2")
+    held, other = uuid4(), uuid4()
+    history += [a_row(3, held, "opened", 0, hold), a_row(4, held, "released", 3600, hold)]
+    bus += [an_event(3, "tf.evt.allocation.released", held)]
+    figures = check(operations, history, bus, billed=2 * ONE_HOUR_COST)
+    assert (figures.phantom, figures.lost, figures.bill_difference) == (0, 0, "0.000000")
+    history += [a_row(5, other, "opened", 0, stranger)]
+    assert check(operations, history, bus, billed=2 * ONE_HOUR_COST).phantom == 1
