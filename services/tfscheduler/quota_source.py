@@ -28,16 +28,15 @@ from opentelemetry.metrics import CallbackOptions, Observation
 from tfcommon.cluster.manifests import warning_event
 from tfcommon.cluster.model import Applied, ClusterError, CustomObject, CustomResource
 from tfcommon.ledger.sql import SqlLedger
+from tfcommon.quota import quota_objects, quotas_in_force
 from tfcommon.unsupported_fields import find_condition, same_condition, with_condition
 
 from tfscheduler.core.quota import (
     NamespaceQuota,
-    QuotaError,
     Usage,
     alert_percent,
     alert_reached,
     format_percent,
-    parse_quota,
     quota_status,
     usage_of_shares,
 )
@@ -70,41 +69,19 @@ class ClusterQuotas:
 
     def observe(self, objects: Mapping[str, CustomObject]) -> None:
         """Take the watch's current objects (by `namespace/name`); touches no I/O."""
-        chosen: dict[str, CustomObject] = {}
-        for key in sorted(objects):
-            obj = objects[key]
-            if obj.namespace:
-                chosen.setdefault(obj.namespace, obj)
-        cluster: dict[str, NamespaceQuota] = {}
-        for namespace, obj in chosen.items():
-            try:
-                quota = parse_quota(_manifest(obj))
-            except QuotaError as error:
-                message = f"GPUResourceQuota {namespace}/{obj.name}: {error}; keeping the last good quota"
-                if self._reported.get(namespace) != message:
-                    log.warning(message, extra={"event": "scheduler.quota_invalid"})
-                    self._reported[namespace] = message
-                if namespace in self._good:
-                    cluster[namespace] = self._good[namespace]
-                continue
-            self._reported.pop(namespace, None)
-            cluster[namespace] = quota
+        cluster, problems = quotas_in_force(objects, self._good)
+        for namespace, message in problems.items():
+            if self._reported.get(namespace) != message:
+                log.warning(message, extra={"event": "scheduler.quota_invalid"})
+        self._reported = problems
         self._good = cluster
-        self.objects = chosen
+        self.objects = {ns: obj for ns, obj in quota_objects(objects).items() if ns in cluster}
         quotas = {**self.file_quotas, **cluster}
         if quotas != self.scheduler.quotas:
             self.scheduler.quotas = quotas
             self.changes += 1
             self.scheduler.capacity_freed.set()  # a raised bound may let waiting pods in
         self.synced.set()
-
-
-def _manifest(obj: CustomObject) -> dict[str, Any]:
-    return {
-        "kind": "GPUResourceQuota",
-        "metadata": {"name": obj.name, "namespace": obj.namespace},
-        "spec": dict(obj.spec),
-    }
 
 
 async def follow_quotas(quotas: ClusterQuotas, cluster: KubernetesCluster, stop: asyncio.Event) -> None:

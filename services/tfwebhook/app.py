@@ -43,6 +43,7 @@ from tfwebhook.http import (
 )
 from tfwebhook.namespaces import NamespaceLabelCache, local_namespace_labels
 from tfwebhook.pod_index import SequencePodIndices
+from tfwebhook.quotas import wire_quotas
 from tfwebhook.recommendations import refresh_recommendations
 from tfwebhook.takeover_recheck import TakeoverRecheck
 
@@ -91,6 +92,7 @@ def composer(tls: TlsFiles) -> Callable[[ServiceContext[WebhookSettings]], Await
         pools, pool_tasks = wire_gpu_pools(
             config, service="webhook", stop=context.stopping, report=False, on_close=context.cleanup.callback
         )
+        quotas, quota_tasks = wire_quotas(context.stopping, context.cleanup.callback)
         cluster = kubernetes_cluster(context.cleanup)
         service = AdmissionService(
             config=pools,
@@ -102,11 +104,13 @@ def composer(tls: TlsFiles) -> Callable[[ServiceContext[WebhookSettings]], Await
             namespace_labels=namespace_labels(cluster),
             pod_indices=pod_indices,
             recommendations=recommendations.current,
+            quotas=quotas,
         )
         context.cleanup.push_async_callback(service.drain)
         tasks: dict[str, BackgroundTask] = {
             "recommendations": lambda: refresh_recommendations(recommendations, context.stopping),
             **pool_tasks,
+            **quota_tasks,
         }
         if context.ssl_context is not None:
             reloader = CertificateReloader(context.ssl_context, tls.cert_file, tls.key_file)

@@ -33,6 +33,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from tfcommon.bus import EventBus
 from tfcommon.config import ConfigProvider, TfConfig
 from tfcommon.events import Message, PodAdmitted
+from tfcommon.quota import NamespaceQuota
 from tfcommon.recommendations import Recommendation
 from tfcommon.runtime import request_body
 
@@ -94,6 +95,14 @@ Recommendations = Callable[[], Mapping[str, Recommendation]]
 the admission path: `tfcommon.ledger.recommendations.RecommendationCache.current`)."""
 
 
+Quotas = Callable[[], Mapping[str, NamespaceQuota]]
+"""The GPUResourceQuota of each namespace (`tfwebhook.quotas.WatchedQuotas`)."""
+
+
+def no_quotas() -> Mapping[str, NamespaceQuota]:
+    return {}
+
+
 def no_recommendations() -> Mapping[str, Recommendation]:
     return _NO_RECOMMENDATIONS
 
@@ -113,7 +122,9 @@ class VerdictCache:
         self.size = size
         self._config: TfConfig | None = None
         self._recommendations: Mapping[str, Recommendation] = _NO_RECOMMENDATIONS
-        self._entries: dict[tuple[bytes, str, frozenset[tuple[str, str]] | None], Verdict] = {}
+        self._entries: dict[
+            tuple[bytes, str, frozenset[tuple[str, str]] | None, NamespaceQuota | None], Verdict
+        ] = {}
         self._indexed: dict[tuple[int, int], tuple[Admitted, Admitted]] = {}
 
     def decide(self, pod: Mapping[str, object], context: AdmissionContext) -> Verdict:
@@ -131,6 +142,7 @@ class VerdictCache:
             orjson.dumps(pod),
             context.namespace,
             frozenset(labels.items()) if labels is not None else None,
+            context.quota,
         )
         cached = self._entries.get(key)
         if cached is not None:
@@ -180,6 +192,7 @@ class AdmissionService:
     namespace_labels: NamespaceLabels = no_namespace_labels
     pod_indices: PodIndices = field(default_factory=CyclingPodIndices)
     recommendations: Recommendations = no_recommendations
+    quotas: Quotas = no_quotas
     clock: Callable[[], datetime] = lambda: datetime.now(UTC)
     verdict_cache_size: int = 512
     outbox_limit: int = 10_000
@@ -235,6 +248,7 @@ class AdmissionService:
             namespace_labels=labels,
             takeover_slot_id=request.uid,
             recommendations=self.recommendations(),
+            quota=self.quotas().get(request.namespace),
         )
         verdict = self._verdicts.decide(pod, context)
         if not isinstance(verdict, Admitted) or not verdict.patch:

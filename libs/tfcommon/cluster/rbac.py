@@ -40,7 +40,7 @@ REQUIRED_RBAC: dict[str, list[PolicyRule]] = {
     "webhook": [
         PolicyRule("", ("namespaces",), ("get",)),
         PolicyRule("", ("pods",), ("list",)),
-        PolicyRule(CUSTOM_RESOURCE_GROUP, ("gpupools",), ("list", "watch")),
+        PolicyRule(CUSTOM_RESOURCE_GROUP, ("gpupools", "gpuresourcequotas"), ("list", "watch")),
     ],
     "defrag-planner": [
         PolicyRule("", ("pods",), ("get", "list", "patch")),

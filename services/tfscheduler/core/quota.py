@@ -1,9 +1,11 @@
 """Namespace GPU quotas with `GPUResourceQuota` semantics, counted in exact integers.
 
-Pure. A quota is keyed by namespace. `spec.single` limits one workload (per-GPU maxima, GPU count)
-and a violation never resolves by waiting; `spec.total` bounds the namespace's sum of requests,
-limits and workers, and a workload over it waits until usage falls. Unlike TensorFusion, TFLOPS are
-counted in milli-TFLOPS (no rounding) and compute-percent requests count the TFLOPS they reserve. The
+Pure. The quota itself, its manifest, defaults and `spec.single` are `tfcommon.quota` (the webhook uses
+them too), re-exported here. A quota is keyed by namespace. `spec.single` limits one workload (per-GPU
+maxima, GPU count) and a violation never resolves by waiting; `spec.total` bounds the namespace's sum
+of requests, limits and workers, and a workload over it waits until usage falls. Unlike TensorFusion,
+TFLOPS are counted in milli-TFLOPS (no rounding) and compute-percent requests count the TFLOPS they
+reserve. The
 compute-percent bounds (`requests.compute`, `limits.compute`, in percent of one GPU) count each share as
 the exact fraction of its GPU's TFLOPS it reserves (or may use): a share of 25 of 100 TFLOPS is 25.
 
@@ -14,20 +16,50 @@ dimension is to its bound.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
+from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import datetime
 from fractions import Fraction
 from typing import Any, Protocol
 
 from tfcommon.events import GpuRequest
 from tfcommon.placement import Placement
-from tfcommon.quantities import QuantityError, format_bytes, format_milli, parse_bytes, parse_milli
+from tfcommon.quantities import format_bytes, format_milli
+from tfcommon.quota import (
+    DEFAULT_ALERT_THRESHOLD_PERCENT,
+    DEFAULT_MAX_WORKERS,
+    NamespaceQuota,
+    QuotaError,
+    QuotaRefusal,
+    check_single,
+    format_percent,
+    parse_quota,
+    with_defaults,
+)
 
 from tfscheduler.core.view import AllocationFacts
 
-DEFAULT_MAX_WORKERS = 32_768
-DEFAULT_ALERT_THRESHOLD_PERCENT = 95
+__all__ = [
+    "DEFAULT_ALERT_THRESHOLD_PERCENT",
+    "DEFAULT_MAX_WORKERS",
+    "NamespaceQuota",
+    "QuotaError",
+    "QuotaRefusal",
+    "ShareFacts",
+    "Usage",
+    "alert_percent",
+    "alert_reached",
+    "check_single",
+    "check_total",
+    "demand_of",
+    "format_percent",
+    "parse_quota",
+    "quota_status",
+    "remaining_after_release",
+    "usage_by_namespace",
+    "usage_of_shares",
+    "with_defaults",
+]
 
 
 class ShareFacts(Protocol):
@@ -47,10 +79,6 @@ class ShareFacts(Protocol):
     def limit_vram_bytes(self) -> int: ...
     @property
     def capacity_tflops_milli(self) -> int: ...
-
-
-class QuotaError(ValueError):
-    """A GPUResourceQuota manifest that cannot be used; the message names the field and the fix."""
 
 
 @dataclass(frozen=True)
@@ -76,91 +104,6 @@ class Usage:
             self.requests_compute + other.requests_compute,
             self.limits_compute + other.limits_compute,
         )
-
-
-@dataclass(frozen=True)
-class NamespaceQuota:
-    """One namespace's `GPUResourceQuota`. `None` means no bound. Per-workload maxima are per GPU."""
-
-    namespace: str
-    total_requests_tflops_milli: int | None = None
-    total_requests_vram_bytes: int | None = None
-    total_limits_tflops_milli: int | None = None
-    total_limits_vram_bytes: int | None = None
-    max_workers: int = DEFAULT_MAX_WORKERS
-    max_request_tflops_milli: int | None = None
-    max_request_vram_bytes: int | None = None
-    max_limit_tflops_milli: int | None = None
-    max_limit_vram_bytes: int | None = None
-    total_requests_compute: Fraction | None = None
-    total_limits_compute: Fraction | None = None
-    max_request_compute: Fraction | None = None
-    """Per GPU, in percent; checked against a request made in percent (`compute-percent-request`)."""
-    max_gpu_count: int | None = None
-    default_request_tflops_milli: int | None = None
-    default_request_vram_bytes: int | None = None
-    default_limit_tflops_milli: int | None = None
-    default_limit_vram_bytes: int | None = None
-    alert_threshold_percent: int = DEFAULT_ALERT_THRESHOLD_PERCENT
-    name: str = ""
-    """The GPUResourceQuota object's name ("" for a quota built in code)."""
-
-    @property
-    def label(self) -> str:
-        """How refusals and events name the quota: `GPUResourceQuota <namespace>/<name>`."""
-        return f"GPUResourceQuota {self.namespace}/{self.name or self.namespace}"
-
-
-@dataclass(frozen=True)
-class QuotaRefusal:
-    """Why a workload does not fit its namespace's quota; `retryable` False: it never will as asked."""
-
-    reason: str
-    retryable: bool
-
-
-def with_defaults(quota: NamespaceQuota | None, request: GpuRequest) -> GpuRequest:
-    """`request` with the quota's defaults filled into its zero fields (what the webhook does)."""
-    if quota is None:
-        return request
-    changes: dict[str, int] = {}
-    percent = request.compute_percent_request is not None
-    if not percent and request.tflops_request_milli == 0 and quota.default_request_tflops_milli:
-        changes["tflops_request_milli"] = quota.default_request_tflops_milli
-    if request.vram_request_bytes == 0 and quota.default_request_vram_bytes:
-        changes["vram_request_bytes"] = quota.default_request_vram_bytes
-    if request.tflops_limit_milli == 0 and quota.default_limit_tflops_milli:
-        changes["tflops_limit_milli"] = quota.default_limit_tflops_milli
-    if request.vram_limit_bytes == 0 and quota.default_limit_vram_bytes:
-        changes["vram_limit_bytes"] = quota.default_limit_vram_bytes
-    return request.model_copy(update=changes) if changes else request
-
-
-def check_single(quota: NamespaceQuota | None, request: GpuRequest) -> QuotaRefusal | None:
-    """Per-workload maxima (`spec.single`); a refusal here is final (`retryable=False`)."""
-    if quota is None:
-        return None
-    checks = (
-        ("maxGPUCount", request.gpu_count, quota.max_gpu_count, str),
-        ("maxRequests.tflops", request.tflops_request_milli, quota.max_request_tflops_milli, format_milli),
-        ("maxRequests.vram", request.vram_request_bytes, quota.max_request_vram_bytes, format_bytes),
-        ("maxLimits.tflops", request.tflops_limit_milli, quota.max_limit_tflops_milli, format_milli),
-        ("maxLimits.vram", request.vram_limit_bytes, quota.max_limit_vram_bytes, format_bytes),
-    )
-    for name, asked, bound, show in checks:
-        if bound is not None and asked > bound:
-            return QuotaRefusal(
-                f"{quota.label}: single.{name} is {show(bound)} per workload, asked {show(asked)}",
-                retryable=False,
-            )
-    percent = request.compute_percent_request
-    if quota.max_request_compute is not None and percent is not None and percent > quota.max_request_compute:
-        return QuotaRefusal(
-            f"{quota.label}: single.maxRequests.compute is {format_percent(quota.max_request_compute)}% "
-            f"per workload, asked {percent}%",
-            retryable=False,
-        )
-    return None
 
 
 def demand_of(placement: Placement, request: GpuRequest, capacities: Iterable[int] = ()) -> Usage:
@@ -247,14 +190,6 @@ def check_total(quota: NamespaceQuota | None, used: Usage, demand: Usage) -> Quo
                 retryable=True,
             )
     return None
-
-
-def format_percent(value: Fraction | int) -> str:
-    """A percent as a Kubernetes quantity: exact when whole, else to two decimals (`12.5`, `33.33`)."""
-    fraction = Fraction(value)
-    if fraction.denominator == 1:
-        return str(fraction.numerator)
-    return f"{float(fraction):.2f}".rstrip("0").rstrip(".")
 
 
 def _percent_of(in_use: int | Fraction, bound: int | Fraction) -> Fraction:
@@ -348,91 +283,3 @@ def remaining_after_release(used: Usage, released: Iterable[Usage]) -> Usage:
             total.limits_compute - item.limits_compute,
         )
     return total
-
-
-def _quantity(section: Mapping[str, Any], key: str, path: str, parse: Any) -> int | None:
-    value = section.get(key)
-    if value is None:
-        return None
-    try:
-        parsed: int = parse(str(value))
-    except QuantityError as error:
-        raise QuotaError(f"{path}.{key}: {error}") from error
-    return parsed
-
-
-def _compute(section: Mapping[str, Any], path: str) -> Fraction | None:
-    value = section.get("compute")
-    if value is None:
-        return None
-    try:
-        milli = parse_milli(str(value))
-    except QuantityError as error:
-        raise QuotaError(f"{path}.compute: {error}; use a percent of one GPU, e.g. compute: '50'") from error
-    return Fraction(milli, 1000)
-
-
-def _section(parent: Mapping[str, Any], key: str, path: str) -> Mapping[str, Any]:
-    value = parent.get(key) or {}
-    if not isinstance(value, Mapping):
-        raise QuotaError(f"{path}.{key}: must be a mapping, e.g. {key}: {{tflops: '100', vram: 80Gi}}")
-    return value
-
-
-def _whole(value: Any, path: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise QuotaError(f"{path}: {value!r}; use a whole number >= {minimum}")
-    return value
-
-
-def parse_quota(manifest: Mapping[str, Any]) -> NamespaceQuota:
-    """A `GPUResourceQuota` manifest (tensor-fusion.ai/v1) as a `NamespaceQuota`; raises `QuotaError`."""
-    if manifest.get("kind") != "GPUResourceQuota":
-        raise QuotaError(f"kind: {manifest.get('kind')!r}; a quota manifest has kind: GPUResourceQuota")
-    metadata = manifest.get("metadata") or {}
-    namespace = metadata.get("namespace") if isinstance(metadata, Mapping) else None
-    if not namespace or not isinstance(namespace, str):
-        raise QuotaError("metadata.namespace: missing; a GPUResourceQuota applies to its namespace")
-    name = metadata.get("name") if isinstance(metadata.get("name"), str) else ""
-    spec = _section(manifest, "spec", "")
-    total = _section(spec, "total", "spec")
-    single = _section(spec, "single", "spec")
-    requests = _section(total, "requests", "spec.total")
-    limits = _section(total, "limits", "spec.total")
-    max_requests = _section(single, "maxRequests", "spec.single")
-    max_limits = _section(single, "maxLimits", "spec.single")
-    default_requests = _section(single, "defaultRequests", "spec.single")
-    default_limits = _section(single, "defaultLimits", "spec.single")
-    quota = NamespaceQuota(
-        namespace=namespace,
-        name=name or "",
-        total_requests_compute=_compute(requests, "spec.total.requests"),
-        total_limits_compute=_compute(limits, "spec.total.limits"),
-        max_request_compute=_compute(max_requests, "spec.single.maxRequests"),
-        total_requests_tflops_milli=_quantity(requests, "tflops", "spec.total.requests", parse_milli),
-        total_requests_vram_bytes=_quantity(requests, "vram", "spec.total.requests", parse_bytes),
-        total_limits_tflops_milli=_quantity(limits, "tflops", "spec.total.limits", parse_milli),
-        total_limits_vram_bytes=_quantity(limits, "vram", "spec.total.limits", parse_bytes),
-        max_request_tflops_milli=_quantity(max_requests, "tflops", "spec.single.maxRequests", parse_milli),
-        max_request_vram_bytes=_quantity(max_requests, "vram", "spec.single.maxRequests", parse_bytes),
-        max_limit_tflops_milli=_quantity(max_limits, "tflops", "spec.single.maxLimits", parse_milli),
-        max_limit_vram_bytes=_quantity(max_limits, "vram", "spec.single.maxLimits", parse_bytes),
-        default_request_tflops_milli=_quantity(
-            default_requests, "tflops", "spec.single.defaultRequests", parse_milli
-        ),
-        default_request_vram_bytes=_quantity(
-            default_requests, "vram", "spec.single.defaultRequests", parse_bytes
-        ),
-        default_limit_tflops_milli=_quantity(
-            default_limits, "tflops", "spec.single.defaultLimits", parse_milli
-        ),
-        default_limit_vram_bytes=_quantity(default_limits, "vram", "spec.single.defaultLimits", parse_bytes),
-    )
-    if "maxWorkers" in total:
-        quota = replace(quota, max_workers=_whole(total["maxWorkers"], "spec.total.maxWorkers", 0))
-    if "alertThresholdPercent" in total:
-        threshold = _whole(total["alertThresholdPercent"], "spec.total.alertThresholdPercent", 0)
-        quota = replace(quota, alert_threshold_percent=threshold)
-    if "maxGPUCount" in single:
-        quota = replace(quota, max_gpu_count=_whole(single["maxGPUCount"], "spec.single.maxGPUCount", 1))
-    return quota

@@ -43,6 +43,7 @@ from tfcommon.quantities import (
     parse_milli,
     parse_quantity,
 )
+from tfcommon.quota import NamespaceQuota, check_single, with_defaults
 from tfcommon.recommendations import Recommendation, workload_key
 
 from tfwebhook.core.autoscale import AUTOSCALE_SOURCE, Sizes, autoscale
@@ -114,6 +115,9 @@ class AdmissionContext:
     takeover_slot_id: str | None = None
     pod_index: int | None = None
     recommendations: Mapping[str, Recommendation] = field(default_factory=dict)
+    quota: NamespaceQuota | None = None
+    """The pod's namespace's GPUResourceQuota: its `single.defaultRequests/defaultLimits` fill the zero
+    requests of a pod that is not `shared`, and a pod over a `single` maximum is denied."""
 
 
 @dataclass(frozen=True)
@@ -172,6 +176,19 @@ class _Resources:
     vram_limit: int = 0
     percent_request: int | None = None
     percent_limit: int | None = None
+
+    def request(self, pool: str, gpu_count: int, **details: Any) -> GpuRequest:
+        """These amounts per GPU as the request the pod is admitted with (`details`: model, QoS, ...)."""
+        return GpuRequest(
+            pool=pool,
+            gpu_count=gpu_count,
+            tflops_request_milli=self.tflops_request,
+            tflops_limit_milli=self.tflops_limit,
+            vram_request_bytes=self.vram_request,
+            vram_limit_bytes=self.vram_limit,
+            compute_percent_request=self.percent_request,
+            **details,
+        )
 
 
 def _string_map(value: Any, what: str) -> dict[str, str]:
@@ -316,6 +333,26 @@ def _resources(annotations: Mapping[str, str]) -> _Resources:
         )
     percent = _paired(percent_request, percent_limit, PERCENT_REQUEST, PERCENT_LIMIT)
     return _Resources(0, 0, *vram, *percent)
+
+
+def _within_quota(
+    quota: NamespaceQuota, resources: _Resources, gpu_count: int, isolation: str, pool: str
+) -> _Resources:
+    """`resources` with the quota's defaults in their zero fields (not for `shared` whole GPUs); denies
+    a pod over a `spec.single` maximum, naming the limit."""
+    request = resources.request(pool, gpu_count)
+    if isolation != "shared":
+        request = with_defaults(quota, request)
+    refusal = check_single(quota, request)
+    if refusal is not None:
+        raise AdmissionDeniedError(f"{refusal.reason}; ask for at most that, or raise the quota")
+    return replace(
+        resources,
+        tflops_request=request.tflops_request_milli,
+        tflops_limit=request.tflops_limit_milli,
+        vram_request=request.vram_request_bytes,
+        vram_limit=request.vram_limit_bytes,
+    )
 
 
 def _gpu_count(
@@ -607,6 +644,8 @@ def _admit(original: Mapping[str, Any], context: AdmissionContext) -> Verdict:
 
     injected = _injected_containers(annotations, containers, native)
     gpu_count = _gpu_count(annotations, native, injected)
+    if context.quota is not None:
+        resources = _within_quota(context.quota, resources, gpu_count, isolation, pool.name)
     compute_zero = not resources.tflops_request and not resources.percent_request
     if isolation != "shared" and compute_zero and not resources.vram_request:
         raise AdmissionDeniedError(
@@ -666,14 +705,9 @@ def _admit(original: Mapping[str, Any], context: AdmissionContext) -> Verdict:
             _hand_over_container(container, config.native_gpu_resource_names, index_resource)
             awaiting.append(position)
 
-    request = GpuRequest(
-        pool=pool.name,
-        gpu_count=gpu_count,
-        tflops_request_milli=resources.tflops_request,
-        tflops_limit_milli=resources.tflops_limit,
-        vram_request_bytes=resources.vram_request,
-        vram_limit_bytes=resources.vram_limit,
-        compute_percent_request=resources.percent_request,
+    request = resources.request(
+        pool.name,
+        gpu_count,
         gpu_model=gpu_model,
         qos=cast(QosLevel, qos),
         isolation=cast(IsolationMode, isolation),

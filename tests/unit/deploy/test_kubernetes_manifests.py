@@ -391,7 +391,7 @@ def test_webhook_and_metrics_only_read() -> None:
         rules_of("webhook")
         == grants("", ["namespaces"], ["get"])
         | grants("", ["pods"], ["list"])
-        | grants(TF, ["gpupools"], ["list", "watch"])
+        | grants(TF, ["gpupools", "gpuresourcequotas"], ["list", "watch"])
         == required_by_code("webhook")
     )
     assert rules_of("metrics") == grants(TF, ["gpupools"], ["list", "watch"])

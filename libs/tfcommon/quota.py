@@ -1,0 +1,245 @@
+"""Namespace GPU quotas with TensorFusion's `GPUResourceQuota` semantics: the quota, its manifest, and
+what applies to one workload (defaults, `spec.single` maxima). Pure; exact integers (milli-TFLOPS, bytes)
+and fractions (compute percent).
+
+Shared by the scheduler (which also checks `spec.total`: `tfscheduler.core.quota`) and the admission
+webhook (which fills a pod's zero requests from `spec.single.defaultRequests/defaultLimits` and denies a
+pod over a `spec.single` maximum).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from fractions import Fraction
+from typing import Any
+
+from tfcommon.cluster.model import CustomObject
+from tfcommon.events import GpuRequest
+from tfcommon.quantities import QuantityError, format_bytes, format_milli, parse_bytes, parse_milli
+
+DEFAULT_MAX_WORKERS = 32_768
+
+
+DEFAULT_ALERT_THRESHOLD_PERCENT = 95
+
+
+class QuotaError(ValueError):
+    """A GPUResourceQuota manifest that cannot be used; the message names the field and the fix."""
+
+
+@dataclass(frozen=True)
+class NamespaceQuota:
+    """One namespace's `GPUResourceQuota`. `None` means no bound. Per-workload maxima are per GPU."""
+
+    namespace: str
+    total_requests_tflops_milli: int | None = None
+    total_requests_vram_bytes: int | None = None
+    total_limits_tflops_milli: int | None = None
+    total_limits_vram_bytes: int | None = None
+    max_workers: int = DEFAULT_MAX_WORKERS
+    max_request_tflops_milli: int | None = None
+    max_request_vram_bytes: int | None = None
+    max_limit_tflops_milli: int | None = None
+    max_limit_vram_bytes: int | None = None
+    total_requests_compute: Fraction | None = None
+    total_limits_compute: Fraction | None = None
+    max_request_compute: Fraction | None = None
+    """Per GPU, in percent; checked against a request made in percent (`compute-percent-request`)."""
+    max_gpu_count: int | None = None
+    default_request_tflops_milli: int | None = None
+    default_request_vram_bytes: int | None = None
+    default_limit_tflops_milli: int | None = None
+    default_limit_vram_bytes: int | None = None
+    alert_threshold_percent: int = DEFAULT_ALERT_THRESHOLD_PERCENT
+    name: str = ""
+    """The GPUResourceQuota object's name ("" for a quota built in code)."""
+
+    @property
+    def label(self) -> str:
+        """How refusals and events name the quota: `GPUResourceQuota <namespace>/<name>`."""
+        return f"GPUResourceQuota {self.namespace}/{self.name or self.namespace}"
+
+
+@dataclass(frozen=True)
+class QuotaRefusal:
+    """Why a workload does not fit its namespace's quota; `retryable` False: it never will as asked."""
+
+    reason: str
+    retryable: bool
+
+
+def with_defaults(quota: NamespaceQuota | None, request: GpuRequest) -> GpuRequest:
+    """`request` with the quota's defaults filled into its zero fields (what the webhook does)."""
+    if quota is None:
+        return request
+    changes: dict[str, int] = {}
+    percent = request.compute_percent_request is not None
+    if not percent and request.tflops_request_milli == 0 and quota.default_request_tflops_milli:
+        changes["tflops_request_milli"] = quota.default_request_tflops_milli
+    if request.vram_request_bytes == 0 and quota.default_request_vram_bytes:
+        changes["vram_request_bytes"] = quota.default_request_vram_bytes
+    if request.tflops_limit_milli == 0 and quota.default_limit_tflops_milli:
+        changes["tflops_limit_milli"] = quota.default_limit_tflops_milli
+    if request.vram_limit_bytes == 0 and quota.default_limit_vram_bytes:
+        changes["vram_limit_bytes"] = quota.default_limit_vram_bytes
+    return request.model_copy(update=changes) if changes else request
+
+
+def check_single(quota: NamespaceQuota | None, request: GpuRequest) -> QuotaRefusal | None:
+    """Per-workload maxima (`spec.single`); a refusal here is final (`retryable=False`)."""
+    if quota is None:
+        return None
+    checks = (
+        ("maxGPUCount", request.gpu_count, quota.max_gpu_count, str),
+        ("maxRequests.tflops", request.tflops_request_milli, quota.max_request_tflops_milli, format_milli),
+        ("maxRequests.vram", request.vram_request_bytes, quota.max_request_vram_bytes, format_bytes),
+        ("maxLimits.tflops", request.tflops_limit_milli, quota.max_limit_tflops_milli, format_milli),
+        ("maxLimits.vram", request.vram_limit_bytes, quota.max_limit_vram_bytes, format_bytes),
+    )
+    for name, asked, bound, show in checks:
+        if bound is not None and asked > bound:
+            return QuotaRefusal(
+                f"{quota.label}: single.{name} is {show(bound)} per workload, asked {show(asked)}",
+                retryable=False,
+            )
+    percent = request.compute_percent_request
+    if quota.max_request_compute is not None and percent is not None and percent > quota.max_request_compute:
+        return QuotaRefusal(
+            f"{quota.label}: single.maxRequests.compute is {format_percent(quota.max_request_compute)}% "
+            f"per workload, asked {percent}%",
+            retryable=False,
+        )
+    return None
+
+
+def format_percent(value: Fraction | int) -> str:
+    """A percent as a Kubernetes quantity: exact when whole, else to two decimals (`12.5`, `33.33`)."""
+    fraction = Fraction(value)
+    if fraction.denominator == 1:
+        return str(fraction.numerator)
+    return f"{float(fraction):.2f}".rstrip("0").rstrip(".")
+
+
+def _quantity(section: Mapping[str, Any], key: str, path: str, parse: Any) -> int | None:
+    value = section.get(key)
+    if value is None:
+        return None
+    try:
+        parsed: int = parse(str(value))
+    except QuantityError as error:
+        raise QuotaError(f"{path}.{key}: {error}") from error
+    return parsed
+
+
+def _compute(section: Mapping[str, Any], path: str) -> Fraction | None:
+    value = section.get("compute")
+    if value is None:
+        return None
+    try:
+        milli = parse_milli(str(value))
+    except QuantityError as error:
+        raise QuotaError(f"{path}.compute: {error}; use a percent of one GPU, e.g. compute: '50'") from error
+    return Fraction(milli, 1000)
+
+
+def _section(parent: Mapping[str, Any], key: str, path: str) -> Mapping[str, Any]:
+    value = parent.get(key) or {}
+    if not isinstance(value, Mapping):
+        raise QuotaError(f"{path}.{key}: must be a mapping, e.g. {key}: {{tflops: '100', vram: 80Gi}}")
+    return value
+
+
+def _whole(value: Any, path: str, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise QuotaError(f"{path}: {value!r}; use a whole number >= {minimum}")
+    return value
+
+
+def parse_quota(manifest: Mapping[str, Any]) -> NamespaceQuota:
+    """A `GPUResourceQuota` manifest (tensor-fusion.ai/v1) as a `NamespaceQuota`; raises `QuotaError`."""
+    if manifest.get("kind") != "GPUResourceQuota":
+        raise QuotaError(f"kind: {manifest.get('kind')!r}; a quota manifest has kind: GPUResourceQuota")
+    metadata = manifest.get("metadata") or {}
+    namespace = metadata.get("namespace") if isinstance(metadata, Mapping) else None
+    if not namespace or not isinstance(namespace, str):
+        raise QuotaError("metadata.namespace: missing; a GPUResourceQuota applies to its namespace")
+    name = metadata.get("name") if isinstance(metadata.get("name"), str) else ""
+    spec = _section(manifest, "spec", "")
+    total = _section(spec, "total", "spec")
+    single = _section(spec, "single", "spec")
+    requests = _section(total, "requests", "spec.total")
+    limits = _section(total, "limits", "spec.total")
+    max_requests = _section(single, "maxRequests", "spec.single")
+    max_limits = _section(single, "maxLimits", "spec.single")
+    default_requests = _section(single, "defaultRequests", "spec.single")
+    default_limits = _section(single, "defaultLimits", "spec.single")
+    quota = NamespaceQuota(
+        namespace=namespace,
+        name=name or "",
+        total_requests_compute=_compute(requests, "spec.total.requests"),
+        total_limits_compute=_compute(limits, "spec.total.limits"),
+        max_request_compute=_compute(max_requests, "spec.single.maxRequests"),
+        total_requests_tflops_milli=_quantity(requests, "tflops", "spec.total.requests", parse_milli),
+        total_requests_vram_bytes=_quantity(requests, "vram", "spec.total.requests", parse_bytes),
+        total_limits_tflops_milli=_quantity(limits, "tflops", "spec.total.limits", parse_milli),
+        total_limits_vram_bytes=_quantity(limits, "vram", "spec.total.limits", parse_bytes),
+        max_request_tflops_milli=_quantity(max_requests, "tflops", "spec.single.maxRequests", parse_milli),
+        max_request_vram_bytes=_quantity(max_requests, "vram", "spec.single.maxRequests", parse_bytes),
+        max_limit_tflops_milli=_quantity(max_limits, "tflops", "spec.single.maxLimits", parse_milli),
+        max_limit_vram_bytes=_quantity(max_limits, "vram", "spec.single.maxLimits", parse_bytes),
+        default_request_tflops_milli=_quantity(
+            default_requests, "tflops", "spec.single.defaultRequests", parse_milli
+        ),
+        default_request_vram_bytes=_quantity(
+            default_requests, "vram", "spec.single.defaultRequests", parse_bytes
+        ),
+        default_limit_tflops_milli=_quantity(
+            default_limits, "tflops", "spec.single.defaultLimits", parse_milli
+        ),
+        default_limit_vram_bytes=_quantity(default_limits, "vram", "spec.single.defaultLimits", parse_bytes),
+    )
+    if "maxWorkers" in total:
+        quota = replace(quota, max_workers=_whole(total["maxWorkers"], "spec.total.maxWorkers", 0))
+    if "alertThresholdPercent" in total:
+        threshold = _whole(total["alertThresholdPercent"], "spec.total.alertThresholdPercent", 0)
+        quota = replace(quota, alert_threshold_percent=threshold)
+    if "maxGPUCount" in single:
+        quota = replace(quota, max_gpu_count=_whole(single["maxGPUCount"], "spec.single.maxGPUCount", 1))
+    return quota
+
+
+def quota_objects(objects: Mapping[str, CustomObject]) -> dict[str, CustomObject]:
+    """The GPUResourceQuota object in force in each namespace: the first by name (TensorFusion uses one)."""
+    chosen: dict[str, CustomObject] = {}
+    for key in sorted(objects):
+        obj = objects[key]
+        if obj.namespace:
+            chosen.setdefault(obj.namespace, obj)
+    return chosen
+
+
+def quotas_in_force(
+    objects: Mapping[str, CustomObject], last_good: Mapping[str, NamespaceQuota]
+) -> tuple[dict[str, NamespaceQuota], dict[str, str]]:
+    """The quota of each namespace from a watch's GPUResourceQuota objects (by `namespace/name`): the
+    first by name when a namespace has several, as TensorFusion uses one. An invalid object keeps its
+    namespace's quota from `last_good` (or none); the second result says why, by namespace."""
+    chosen = quota_objects(objects)
+    quotas: dict[str, NamespaceQuota] = {}
+    problems: dict[str, str] = {}
+    for namespace, obj in chosen.items():
+        manifest = {
+            "kind": "GPUResourceQuota",
+            "metadata": {"name": obj.name, "namespace": namespace},
+            "spec": dict(obj.spec),
+        }
+        try:
+            quotas[namespace] = parse_quota(manifest)
+        except QuotaError as error:
+            problems[namespace] = (
+                f"GPUResourceQuota {namespace}/{obj.name}: {error}; keeping the last good quota"
+            )
+            if namespace in last_good:
+                quotas[namespace] = last_good[namespace]
+    return quotas, problems
