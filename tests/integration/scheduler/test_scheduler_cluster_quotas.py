@@ -2,8 +2,8 @@
 scheduler through a watch (`tfscheduler.quota_source`) with a real Postgres ledger and NATS: `single`
 maxima refuse for good, `total.maxWorkers` keeps a pod pending with the quota named, the object's
 `status` follows placements and releases within 2 seconds, crossing `alertThresholdPercent` sets the
-condition and posts a Warning Event, and an edit of the object takes effect within 2 seconds (the times
-are printed: `docs/kubernetes.md` quotes them)."""
+condition, posts a Warning Event and sets the `tf_quota_*` gauges, and an edit of the object takes
+effect within 2 seconds (the times are printed: `docs/quotas.md` quotes them)."""
 
 from __future__ import annotations
 
@@ -18,11 +18,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client import REGISTRY, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 from scheduler_builders import a_submission, register_nodes
 from tfcommon.bus import NatsEventBus
 from tfcommon.cluster.kubernetes import KubernetesCluster
 from tfcommon.kube_local import LocalKubernetes
 from tfcommon.ledger.sql import SqlLedger
+from tfcommon.telemetry import setup_telemetry
 from tfscheduler.engine import Scheduler
 from tfscheduler.quota_source import ClusterQuotas, QuotaStatusWriter, follow_quotas
 
@@ -86,6 +89,7 @@ async def test_the_sample_quotas_are_enforced_and_report_their_usage(
         manifest = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}
         kubectl(local_kubernetes, "apply", "-f", "-", stdin=json.dumps(manifest))
     kubectl(local_kubernetes, "apply", "--validate=strict", "-f", str(SAMPLES))
+    setup_telemetry("scheduler-quota-tests")
     await register_nodes(ledger, nodes=1, gpus=4)
     scheduler = Scheduler(ledger, bus, heartbeat_timeout=LONG)
     await scheduler.start()
@@ -147,6 +151,8 @@ async def test_the_sample_quotas_are_enforced_and_report_their_usage(
         assert [e["type"] for e in events] == ["Warning"]
         assert events[0]["involvedObject"]["kind"] == "GPUResourceQuota"
         assert "workers at 100% of its bound" in events[0]["message"]
+        assert exposed_value("tf_quota_alert_threshold_reached", namespace=DEV, quota=DEV) == 1.0
+        assert exposed_value("tf_quota_used_percent", namespace=DEV, quota=DEV, resource="workers") == 100.0
 
         assert await scheduler.release(first.id, "workload-ended")
         released = time.monotonic()
@@ -160,3 +166,12 @@ async def test_the_sample_quotas_are_enforced_and_report_their_usage(
         await asyncio.wait_for(asyncio.gather(*tasks), timeout=10)
         cluster.close()
         kubectl(local_kubernetes, "delete", "-f", str(SAMPLES), "--wait=false")
+
+
+def exposed_value(metric: str, **labels: str) -> float | None:
+    """The value `/metrics` shows for `metric` with `labels` (other labels, such as OTel's scope, ignored)."""
+    for family in text_string_to_metric_families(generate_latest(REGISTRY).decode()):
+        for sample in family.samples:
+            if sample.name == metric and labels.items() <= sample.labels.items():
+                return float(sample.value)
+    return None
