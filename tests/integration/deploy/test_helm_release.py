@@ -111,7 +111,9 @@ def cluster(local_kubernetes: LocalKubernetes) -> Iterator[Cluster]:
             "spec": {},
         }
     )
-    cluster.kubectl("apply", "--server-side", "-f", str(REPO_ROOT / "k8s" / "base" / "priorityclasses.yaml"))
+    # Other suites on this control plane apply the same classes under their own field manager.
+    classes = str(REPO_ROOT / "k8s" / "base" / "priorityclasses.yaml")
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", classes)
     cluster.kubectl("wait", "--for=condition=Ready", f"node/{node}", "--timeout=60s")
     try:
         yield cluster
