@@ -26,6 +26,9 @@ install: $(STAMP) ## Create .venv and install the pinned dependencies
 run: $(STAMP) ## Start the whole local control plane (embedded NATS and Postgres, simulated GPUs)
 	$(BIN)/tfctl up
 
+compose-env: ## Write .env with random passwords for docker compose (mode 0600; an existing .env is kept)
+	@python3 services/tfctl/compose_env.py
+
 lint: $(STAMP) ## ruff, mypy --strict and the import-linter contracts
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .

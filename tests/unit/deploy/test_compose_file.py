@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from deploy_support import (
     tfctl_rejection,
     without_resets,
 )
+from tfctl.compose_env import REQUIRED_VARIABLE, main, required_variables
 
 COMPOSE_FILE = REPO_ROOT / "docker-compose.yml"
 GPU_OVERRIDE_FILE = REPO_ROOT / "docker-compose.gpu.yml"
@@ -77,10 +79,67 @@ def test_command_is_a_real_tfctl_subcommand(name: str) -> None:
 def test_published_port_is_the_service_default(name: str) -> None:
     default_port = SERVICE_SETTINGS[name].model_fields["port"].default
     (mapping,) = compose()["services"][name]["ports"]
-    host_port, container_port = str(mapping).split(":")
+    _, host_port, container_port = str(mapping).split(":")
     assert int(container_port) == default_port
     assert int(host_port) == default_port
     assert str(default_port) in json.dumps(compose()["services"][name]["healthcheck"]["test"])
+
+
+@pytest.mark.parametrize("name", sorted(set(compose()["services"])))
+def test_every_published_port_listens_on_the_loopback_address_only(name: str) -> None:
+    for mapping in compose()["services"][name].get("ports", []):
+        parts = str(mapping).split(":")
+        assert len(parts) == 3, f"{name} publishes {mapping!r} on every interface: write 127.0.0.1:{mapping}"
+        assert parts[0] == "127.0.0.1", f"{name} publishes {mapping!r} beyond this machine"
+
+
+def secret_values(service: dict[str, Any]) -> dict[str, str]:
+    """Each secret a service is given: its PASSWORD / TOKEN variables, and the password in a database URL."""
+    env = environment(service)
+    secrets = {key: str(value) for key, value in env.items() if re.search("PASSWORD|TOKEN", key)}
+    for key, value in environment(service).items():
+        if key.endswith("DATABASE_URL"):
+            password = re.fullmatch(r"[\w+]+://[^:/@]+:(.*)@[^@]+", str(value))
+            secrets[f"{key} password"] = password.group(1) if password else ""
+    return secrets
+
+
+@pytest.mark.parametrize("name", sorted(set(compose()["services"])))
+def test_no_secret_has_a_default_value(name: str) -> None:
+    for key, value in secret_values(compose()["services"][name]).items():
+        assert REQUIRED_VARIABLE.fullmatch(value), (
+            f"{name}: {key} is {value!r}; write ${{VARIABLE:?...}} so compose refuses to start without it"
+        )
+
+
+def test_the_whole_file_has_no_defaulted_secret() -> None:
+    defaulted = re.findall(r"\$\{(\w*(?:PASSWORD|TOKEN)\w*):?-", COMPOSE_FILE.read_text())
+    assert defaulted == []
+
+
+def test_compose_env_writes_a_private_env_file_with_every_required_secret(tmp_path: Path) -> None:
+    output = tmp_path / ".env"
+    assert main(["--compose-file", str(COMPOSE_FILE), "--output", str(output)]) == 0
+    assert stat.S_IMODE(output.stat().st_mode) == 0o600
+    written = dict(
+        line.split("=", 1) for line in output.read_text().splitlines() if line and not line.startswith("#")
+    )
+    required = set(required_variables(COMPOSE_FILE.read_text()))
+    assert set(written) == required
+    assert {"POSTGRES_PASSWORD", "TFPOOL_APP_PASSWORD", "TF_API_TOKEN", "NATS_READONLY_PASSWORD"} <= required
+    assert len(set(written.values())) == len(written), "every secret is drawn on its own"
+    assert all(re.fullmatch(r"[A-Za-z0-9_-]{32}", value) for value in written.values())
+
+
+def test_compose_env_never_replaces_an_existing_env_file(tmp_path: Path) -> None:
+    output = tmp_path / ".env"
+    output.write_text("POSTGRES_PASSWORD=chosen-by-the-user\n")
+    assert main(["--compose-file", str(COMPOSE_FILE), "--output", str(output)]) == 1
+    assert output.read_text() == "POSTGRES_PASSWORD=chosen-by-the-user\n"
+
+
+def test_env_file_is_not_committed() -> None:
+    assert ".env" in (REPO_ROOT / ".gitignore").read_text().splitlines()
 
 
 @pytest.mark.parametrize("name", sorted(TFPOOL_STEPS))
