@@ -74,6 +74,8 @@ capabilities:
     secretKeyRef:
       name: {{ include "tfpool.natsSecret" .root }}
       key: {{ .service }}-password
+- name: TF_NATS_STREAM_REPLICAS
+  value: {{ .root.Values.nats.streamReplicas | quote }}
 - name: TF_DATABASE_URL
   valueFrom:
     secretKeyRef:
@@ -254,6 +256,15 @@ subjects:
   name: tfpool-{{ $.component }}
   namespace: {{ $.namespace }}
 {{- end }}
+{{- end -}}
+
+{{/* The bundled NATS servers' routes: every server of the StatefulSet by its own DNS name. */}}
+{{- define "tfpool.natsRoutes" -}}
+{{- $routes := list -}}
+{{- range $index := until .replicas -}}
+{{- $routes = append $routes (printf "nats://tfpool-nats-%d.tfpool-nats-cluster.%s.svc:6222" $index $.root.Release.Namespace) -}}
+{{- end -}}
+{{- join "," $routes -}}
 {{- end -}}
 
 {{/* A PodDisruptionBudget of one component. */}}

@@ -6,8 +6,8 @@ compose files is copied here from where it is kept, never edited by hand:
 - `crds/`: the CustomResourceDefinitions of `k8s/base/crds`;
 - `files/rbac.yaml`: every ClusterRole's and Role's rules of the rendered `k8s/base`, by component
   (`scheduler` for `tfpool-scheduler`), which the chart's RBAC templates read;
-- `files/config.yaml` (`k8s/base/config`), `files/nats.conf` (`deploy/nats`), `files/postgres/`
-  (`deploy/postgres`) and `files/monitoring/` (`k8s/base/monitoring`).
+- `files/config.yaml` (`k8s/base/config`), `files/nats.conf` and `files/nats-cluster.conf`
+  (`deploy/nats`), `files/postgres/` (`deploy/postgres`) and `files/monitoring/` (`k8s/base/monitoring`).
 
 `python -m tfcommon.kube_local.chart` writes them; `--check` changes nothing and exits 1 naming each
 stale file (the chart's tests run it, so an edit of `k8s/base` that is not regenerated fails).
@@ -33,6 +33,7 @@ REGENERATE = "python -m tfcommon.kube_local.chart"
 COPIED: Mapping[str, str] = {
     "files/config.yaml": "k8s/base/config/config.yaml",
     "files/nats.conf": "deploy/nats/nats.conf",
+    "files/nats-cluster.conf": "deploy/nats/cluster.conf",
     "files/postgres/init-roles.sh": "deploy/postgres/init-roles.sh",
     "files/postgres/roles.sql": "deploy/postgres/roles.sql",
     "files/monitoring/prometheusrule.yaml": "k8s/base/monitoring/prometheusrule.yaml",

@@ -262,6 +262,8 @@ def test_webhook_failure_policy_and_timeout_come_from_values() -> None:
             "nats.passwords.scheduler is required with nats.bundled=false",
         ),
         ({"postgres.bundled": "false"}, "postgres.appUrl is required with postgres.bundled=false"),
+        ({"nats.replicas": "1"}, "nats.streamReplicas (3) cannot exceed nats.replicas (1)"),
+        ({"nats.replicas": "0", "nats.streamReplicas": "0"}, "nats.replicas must be 1 or more"),
     ],
 )
 def test_bad_values_are_refused_naming_the_value(values: dict[str, str], message: str) -> None:
@@ -344,6 +346,41 @@ def test_bundled_infrastructure_runs_the_shared_files_with_generated_passwords()
     assert database["app-url"] == (
         f"postgresql+psycopg://tfpool_app:{database['app-password']}@tfpool-postgres.{NAMESPACE}.svc:5432/tfpool"
     )
+
+
+def test_bundled_nats_is_a_three_server_cluster_fsyncing_every_write() -> None:
+    objects = template()
+    nats = one(objects, "StatefulSet", "tfpool-nats")
+    assert nats["spec"]["replicas"] == 3
+    assert nats["spec"]["podManagementPolicy"] == "Parallel"
+    headless = one(objects, "Service", nats["spec"]["serviceName"])
+    assert headless["spec"]["clusterIP"] == "None"
+    assert headless["spec"]["publishNotReadyAddresses"] is True
+    (container,) = nats["spec"]["template"]["spec"]["containers"]
+    args = container["args"]
+    assert args[args.index("--config") + 1] == "/etc/nats/cluster.conf"
+    routes = args[args.index("--routes") + 1].split(",")
+    assert routes == [f"nats://tfpool-nats-{i}.tfpool-nats-cluster.{NAMESPACE}.svc:6222" for i in range(3)]
+    config = one(objects, "ConfigMap", "tfpool-nats-config")["data"]
+    assert config["cluster.conf"] == (REPO_ROOT / "deploy" / "nats" / "cluster.conf").read_text()
+    assert "sync_interval: always" in config["cluster.conf"]
+    assert "include ./nats.conf" in config["cluster.conf"]
+    assert one(objects, "PodDisruptionBudget", "tfpool-nats")["spec"]["maxUnavailable"] == 1
+    for name, spec in pod_specs(objects).items():
+        env = {item["name"]: item.get("value") for item in spec["containers"][0].get("env", [])}
+        if "TF_NATS_URL" in env:
+            assert env["TF_NATS_STREAM_REPLICAS"] == "3", name
+
+
+def test_one_bundled_nats_server_runs_unclustered_with_one_replica_streams() -> None:
+    objects = template({"nats.replicas": "1", "nats.streamReplicas": "1"})
+    nats = one(objects, "StatefulSet", "tfpool-nats")
+    assert nats["spec"]["replicas"] == 1
+    assert "--routes" not in nats["spec"]["template"]["spec"]["containers"][0]["args"]
+    budgets = [obj["metadata"]["name"] for obj in objects if obj["kind"] == "PodDisruptionBudget"]
+    assert "tfpool-nats" not in budgets
+    scheduler = one(objects, "Deployment", "tfpool-scheduler")["spec"]["template"]["spec"]["containers"][0]
+    assert {"name": "TF_NATS_STREAM_REPLICAS", "value": "1"} in scheduler["env"]
 
 
 def test_agent_namespace_holds_only_the_agents_own_credentials() -> None:
