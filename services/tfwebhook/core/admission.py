@@ -2,7 +2,8 @@
 
 Reads the `tensor-fusion.ai/*` labels and annotations (TensorFusion-compatible; any key outside
 `tfwebhook.core.vocabulary` is denied, with the known key it resembles), converts native
-device-plugin GPUs (`nvidia.com/gpu`, ...) under `isolation: shared`, applies automatic migration,
+device-plugin GPUs (`nvidia.com/gpu`, ...: whole GPUs under `isolation: shared`, else 100 % of each;
+docs/webhook.md "Native GPU conversion"), applies automatic migration,
 validates, and returns either one RFC 6902 patch (the diff between the pod and its mutated copy) or a
 denial whose message names the annotation and what a valid value looks like. Admitting an already
 mutated pod yields an empty patch. `enabled-replicas` is decided by the shell (ledger), from the
@@ -335,6 +336,20 @@ def _resources(annotations: Mapping[str, str]) -> _Resources:
     return _Resources(0, 0, *vram, *percent)
 
 
+WHOLE_GPU_PERCENT = 100
+"""The compute percent a native GPU limit stands for outside `shared`: all of each GPU."""
+
+
+def _native_whole_gpus(annotations: Mapping[str, str], resources: _Resources) -> _Resources:
+    """TensorFusion's conversion of a native GPU limit outside `isolation: shared`: each GPU is asked for
+    as `compute-percent-limit: 100` (the request follows the limit unless annotated). A TFLOPS annotation
+    means the pod sized its compute itself: nothing is converted; a percent annotation keeps its value."""
+    if TFLOPS_REQUEST in annotations or TFLOPS_LIMIT in annotations or PERCENT_LIMIT in annotations:
+        return resources
+    request = resources.percent_request if PERCENT_REQUEST in annotations else WHOLE_GPU_PERCENT
+    return replace(resources, percent_request=request, percent_limit=WHOLE_GPU_PERCENT)
+
+
 def _within_quota(
     quota: NamespaceQuota, resources: _Resources, gpu_count: int, isolation: str, pool: str
 ) -> _Resources:
@@ -621,6 +636,9 @@ def _admit(original: Mapping[str, Any], context: AdmissionContext) -> Verdict:
         or pool_spec.node_manager_config.default_isolation_mode
     )
     resources = _resources(annotations)
+    injected = _injected_containers(annotations, containers, native)
+    if isolation != "shared" and not native.keys().isdisjoint(injected):
+        resources = _native_whole_gpus(annotations, resources)
     gpu_model = annotations.get(GPU_MODEL)
     if _boolean(annotations, DEDICATED_GPU):
         if not gpu_model:
@@ -642,7 +660,6 @@ def _admit(original: Mapping[str, Any], context: AdmissionContext) -> Verdict:
         resources = _autoscaled(resources, autoscale_target, qos, metadata, namespace, annotations, context)
     enabled_replicas = _enabled_replicas(annotations)
 
-    injected = _injected_containers(annotations, containers, native)
     gpu_count = _gpu_count(annotations, native, injected)
     if context.quota is not None:
         resources = _within_quota(context.quota, resources, gpu_count, isolation, pool.name)

@@ -190,6 +190,37 @@ async def test_a_configuration_change_takes_effect_without_a_restart(webhook: We
     await eventually(accepted)
 
 
+async def test_automatic_migration_of_a_pod_naming_soft_isolation_asks_for_whole_gpus(
+    webhook: Webhook,
+) -> None:
+    """Issue 16 item 7: a native GPU pod migrated automatically that names `isolation: soft` is admitted
+    with 100 % of each of its GPUs (TensorFusion's conversion), not denied as asking for nothing."""
+    webhook.config_file.write_text(
+        "gpuPools: [{name: default, isDefault: true}]\n"
+        "dynamicConfig: {autoMigration: {enable: true, scope: {includes: {namespaceNames: [ml-team-a]}}}}\n"
+    )
+    pod = a_pod(
+        name=f"soft-{uuid4().hex[:6]}",
+        annotations={"tensor-fusion.ai/isolation": "soft"},
+        containers=[a_gpu_container(limits={"nvidia.com/gpu": 2})],
+    )
+
+    async def migrated() -> dict[str, Any] | None:
+        """The answer once the new configuration is read: until then the pod is admitted unchanged."""
+        answer: dict[str, Any] = (await webhook.review(a_review(pod))).json()["response"]
+        return answer if "patch" in answer or not answer["allowed"] else None
+
+    answer = await eventually(migrated)
+    assert answer["allowed"] is True, answer["status"]["message"]
+    operations = json.loads(base64.b64decode(answer["patch"]))
+    by_path = {op["path"]: op.get("value") for op in operations}
+    assert by_path["/metadata/labels"]["tensor-fusion.ai/enabled"] == "true"
+    assert by_path["/metadata/annotations/tensor-fusion.ai~1compute-percent-limit"] == "100"
+    assert by_path["/metadata/annotations/tensor-fusion.ai~1compute-percent-request"] == "100"
+    assert by_path["/metadata/annotations/tensor-fusion.ai~1gpu-count"] == "2"
+    assert {"op": "remove", "path": "/spec/containers/0/resources/limits/nvidia.com~1gpu"} in operations
+
+
 async def test_a_rotated_certificate_is_served_without_a_restart(
     webhook: Webhook, tmp_path: Path, write_certificate: Callable[[Path], TlsFiles]
 ) -> None:
