@@ -11,17 +11,20 @@ acknowledgements awaited together) and returns each one's outcome. This module d
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
+import ssl
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-import nats
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.errors import NoStreamResponseError
 
 from tfcommon.events import Message, decode, encode
+from tfcommon.nats_tls import require_tls, verification_failure
 from tfcommon.telemetry import inject_trace_context
 
 CLOUDEVENTS_SPEC_VERSION = "1.0"
@@ -29,6 +32,8 @@ MSG_ID_HEADER = "Nats-Msg-Id"
 PUBLISH_TIMEOUT_S = 5.0
 STREAM_PREFIXES = ("tf.evt.", "tf.cmd.")
 DEFAULT_INBOX_PREFIX = "_INBOX"
+_nats_log = logging.getLogger("nats.aio.client")
+"""Where nats-py logs the errors of a connection (its default error callback's logger)."""
 
 
 def inbox_prefix_for(user: str | None) -> str:
@@ -109,6 +114,16 @@ def _headers_for(
     return headers
 
 
+async def _discard(nc: Client) -> None:
+    """Close a client whose first connection failed: `close()` when it got connected, else its socket
+    (nats-py's `close()` waits for a flusher that never started)."""
+    if nc.is_connected:
+        with contextlib.suppress(Exception):
+            await nc.close()
+    elif nc._transport is not None:
+        nc._transport.close()  # type: ignore[no-untyped-call]
+
+
 class NatsEventBus:
     """`EventBus` on NATS JetStream. Build with `connect()`; `close()` drains the connection."""
 
@@ -125,20 +140,41 @@ class NatsEventBus:
         service: str,
         user: str | None = None,
         password: str | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> NatsEventBus:
         """Connect to `url` as `service` (the connection name, the CloudEvents source).
 
-        With a `user`, replies arrive on the user's own inbox prefix (`inbox_prefix_for`).
+        With a `user`, replies arrive on the user's own inbox prefix (`inbox_prefix_for`). With `tls`
+        (`nats_tls.client_context`) the connection is TLS only: a server without TLS, a certificate
+        the context does not trust or one for another name raises `NatsTlsError` at once, while other
+        errors of the first connection are retried until the caller's deadline.
         """
-        nc = await nats.connect(
-            url,
-            name=f"tfpool-{service}",
-            user=user,
-            password=password,
-            inbox_prefix=inbox_prefix_for(user),
-            max_reconnect_attempts=-1,
-            connect_timeout=5,
-        )
+        connected = False
+
+        async def on_error(error: Exception) -> None:
+            if not connected and (refused := verification_failure(url, error)) is not None:
+                raise refused  # out of nats.connect: a retry would be refused the same way
+            _nats_log.error("nats: %s", error, exc_info=error)
+
+        nc = Client()
+        try:
+            await nc.connect(
+                url,
+                name=f"tfpool-{service}",
+                user=user,
+                password=password,
+                inbox_prefix=inbox_prefix_for(user),
+                max_reconnect_attempts=-1,
+                connect_timeout=5,
+                tls=tls,
+                error_cb=on_error,
+            )
+            if tls is not None:
+                require_tls(url, nc._server_info)
+        except BaseException:
+            await _discard(nc)
+            raise
+        connected = True
         return cls(nc, nc.jetstream(timeout=PUBLISH_TIMEOUT_S), service)
 
     async def publish(self, event: Message) -> None:

@@ -61,6 +61,7 @@ from tfcommon.bus import NatsEventBus
 from tfcommon.ledger.sql import SqlLedger
 from tfcommon.ledger.urls import DatabaseUrlError, ledger_url
 from tfcommon.logs import configure_logging
+from tfcommon.nats_tls import NatsTlsError, client_context
 from tfcommon.service_metrics import RequestTimer, metrics_router
 from tfcommon.settings import ServiceSettings
 from tfcommon.telemetry import setup_telemetry
@@ -372,7 +373,10 @@ async def _connect_bus(spec: ServiceSpec[Any], nats_url: str) -> NatsEventBus:
                 service=spec.name,
                 user=nats.user,
                 password=nats.password.get_secret_value() if nats.password else None,
+                tls=client_context(nats),
             )
+    except NatsTlsError as error:
+        raise StartupError(str(error)) from error
     except Exception as error:
         reason = "no answer" if isinstance(error, TimeoutError) else _first_line(error)
         raise StartupError(

@@ -23,6 +23,24 @@ class NatsSettings(BaseSettings):
     url: str | None = Field(default=None, description="NATS URL, e.g. nats://127.0.0.1:4222")
     user: str | None = Field(default=None, description="NATS user name, when the server requires one")
     password: SecretStr | None = Field(default=None, description="NATS password")
+    tls_ca_file: Path | None = Field(
+        default=None,
+        description="PEM CA that signed the NATS server's certificate; set, the bus connects only over TLS "
+        "and checks the server's name against TF_NATS_URL's host",
+    )
+    tls_cert_file: Path | None = Field(
+        default=None, description="PEM client certificate, for a NATS server that verifies clients"
+    )
+    tls_key_file: Path | None = Field(default=None, description="PEM private key of TF_NATS_TLS_CERT_FILE")
+
+    @model_validator(mode="after")
+    def _client_certificate_has_its_key(self) -> NatsSettings:
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError(
+                "TF_NATS_TLS_CERT_FILE and TF_NATS_TLS_KEY_FILE go together: set both (a client "
+                "certificate and its private key) or neither"
+            )
+        return self
 
 
 class DatabaseSettings(BaseSettings):

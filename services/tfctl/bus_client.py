@@ -43,19 +43,28 @@ async def connect(
                 "as `tfctl up` prints"
             )
     import nats
+    from tfcommon.nats_tls import NatsTlsError, client_context, require_tls, verification_failure
+    from tfcommon.settings import NatsSettings
 
-    options: dict[str, Any] = {}
+    try:
+        tls = client_context(NatsSettings())
+    except (NatsTlsError, ValueError) as error:
+        raise NatsUnreachableError(str(error)) from error
+    options: dict[str, Any] = {} if tls is None else {"tls": tls}
     if user is not None:  # otherwise NATS's own inbox prefix (and no import of the event catalogue)
         from tfcommon.bus import inbox_prefix_for
 
         options["inbox_prefix"] = inbox_prefix_for(user)
     seen: list[Exception] = []
+    connected = False
 
     async def remember(error: Exception) -> None:
         seen.append(error)
+        if not connected and (refused := verification_failure(url, error)) is not None:
+            raise refused  # out of nats.connect: a retry would be refused the same way
 
     try:
-        return await asyncio.wait_for(
+        client = await asyncio.wait_for(
             nats.connect(
                 url,
                 name=name,
@@ -69,9 +78,19 @@ async def connect(
             ),
             timeout=CONNECT_DEADLINE_S,
         )
+    except NatsTlsError as error:
+        raise NatsUnreachableError(str(error)) from error
     except (TimeoutError, OSError, ValueError, nats.errors.Error) as error:
         last = seen[-1] if seen else error
         raise NatsUnreachableError(
             f"cannot reach NATS at {url} (from {source}) within {CONNECT_DEADLINE_S:g} s: {_reason(last)}; "
             "start the stack (tfctl up), or pass --nats-url / set TF_NATS_URL to the URL `tfctl up` prints"
         ) from error
+    if tls is not None:
+        try:
+            require_tls(url, client._server_info)
+        except NatsTlsError as error:
+            await client.close()
+            raise NatsUnreachableError(str(error)) from error
+    connected = True
+    return client

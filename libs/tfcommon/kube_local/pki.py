@@ -232,3 +232,29 @@ def ensure_pki(folder: Path) -> ControlPlanePki:
         _write_public(pki.service_account_public_key, public)
         _write_private(pki.service_account_key, _key_pem(key))
     return pki
+
+
+def ensure_ca_pair(pair: KeyPair, common_name: str) -> KeyPair:
+    """A CA certificate and key at `pair` (written unless both files exist), e.g. for a test's TLS
+    servers; returns `pair`."""
+    pair.cert_file.parent.mkdir(parents=True, exist_ok=True)
+    _ensure_ca(pair, common_name, datetime.now(UTC))
+    return pair
+
+
+def ensure_leaf_pair(
+    pair: KeyPair, ca_pair: KeyPair, common_name: str, *, server_names: tuple[str, ...] = ()
+) -> KeyPair:
+    """A certificate the CA at `ca_pair` signs, and its key, at `pair` (written unless both exist).
+
+    With `server_names` it is a serving certificate for those DNS names and IP addresses; without, a
+    client certificate authenticating as `common_name`. Returns `pair`.
+    """
+    if not (ca_pair.cert_file.exists() and ca_pair.key_file.exists()):
+        raise FileNotFoundError(f"{ca_pair.cert_file}: no CA there; write it first with ensure_ca_pair")
+    now = datetime.now(UTC)
+    ca = _ensure_ca(ca_pair, common_name, now)
+    usage = ExtendedKeyUsageOID.SERVER_AUTH if server_names else ExtendedKeyUsageOID.CLIENT_AUTH
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+    _ensure_leaf(pair, subject, usage, ca, now, server_names)
+    return pair

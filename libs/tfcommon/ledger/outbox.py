@@ -24,6 +24,7 @@ import json
 import logging
 import os
 import signal
+import ssl
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -42,6 +43,7 @@ from tfcommon.ledger import tables
 from tfcommon.ledger.sql import SqlLedger
 from tfcommon.ledger.urls import DatabaseUrlError, ledger_url
 from tfcommon.logs import configure_logging
+from tfcommon.nats_tls import NatsTlsError, client_context, verification_failure
 from tfcommon.settings import NatsSettings
 
 log = logging.getLogger(__name__)
@@ -355,17 +357,30 @@ class RelayConnectionError(RuntimeError):
     """The NATS server refused the relay's credentials (a retry would be refused again)."""
 
 
-async def _credentials_refusal(url: str, user: str | None, password: str | None) -> str | None:
+async def _credentials_refusal(
+    url: str, user: str | None, password: str | None, tls: ssl.SSLContext | None
+) -> str | None:
     """The server's refusal when it rejects these credentials; None when it accepts them or is not
-    reachable yet (the bus connection then waits for it)."""
+    reachable yet (the bus connection then waits for it). A refused TLS certificate raises
+    `RelayConnectionError` naming the TF_NATS_TLS_* setting to fix."""
 
     async def ignore(_: Exception) -> None:
         return None
 
     try:
         probe = await nats.connect(
-            url, user=user, password=password, allow_reconnect=False, connect_timeout=5, error_cb=ignore
+            url,
+            user=user,
+            password=password,
+            allow_reconnect=False,
+            connect_timeout=5,
+            error_cb=ignore,
+            tls=tls,
         )
+    except ssl.SSLError as error:
+        if (refused := verification_failure(url, error)) is not None:
+            raise RelayConnectionError(str(refused)) from error
+        return None
     except nats.errors.Error as error:
         return str(error) if "authorization" in str(error).lower() else None
     except (OSError, TimeoutError):
@@ -384,7 +399,8 @@ async def _serve(
     for stop_signal in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(stop_signal, stop.set)
     password = nats_settings.password.get_secret_value() if nats_settings.password is not None else None
-    refusal = await _credentials_refusal(nats_url, nats_settings.user, password)
+    tls = client_context(nats_settings)
+    refusal = await _credentials_refusal(nats_url, nats_settings.user, password, tls)
     if refusal is not None:
         who = f"user {nats_settings.user!r}" if nats_settings.user else "no user (TF_NATS_USER unset)"
         raise RelayConnectionError(
@@ -392,7 +408,7 @@ async def _serve(
             f"TF_NATS_USER={RELAY_NATS_USER} and TF_NATS_PASSWORD to that user's password"
         )
     bus = await NatsEventBus.connect(
-        nats_url, service="outbox-relay", user=nats_settings.user, password=password
+        nats_url, service="outbox-relay", user=nats_settings.user, password=password, tls=tls
     )
     engine = create_async_engine(ledger_url(database_url), pool_size=2, pool_pre_ping=True)
     try:
@@ -434,7 +450,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure_logging("outbox-relay", os.environ.get("TF_LOG_LEVEL", "INFO"))
     try:
         asyncio.run(_serve(args.database_url, args.nats_url, nats_settings, test_pause))
-    except RelayConnectionError as error:
+    except (RelayConnectionError, NatsTlsError) as error:
         log.error(str(error), extra={"outcome": "error"})
         return 1
     return 0
