@@ -465,6 +465,18 @@ async def _serve_http(server: _Server) -> None:
         ) from None
 
 
+async def _provision(spec: ServiceSpec[Any], bus: NatsEventBus) -> None:
+    """The streams (on `TF_NATS_STREAM_REPLICAS` servers) and this service's own durable consumers."""
+    try:
+        await subjects.provision(
+            bus.js,
+            consumers=subjects.consumers_of(spec.name),
+            replicas=spec.settings.nats.stream_replicas,
+        )
+    except subjects.StreamReplicasError as error:
+        raise StartupError(str(error)) from error
+
+
 async def serve(spec: ServiceSpec[SettingsT], *, stop: asyncio.Event) -> None:
     """Run `spec` until `stop` is set, then shut down in order (see the module docstring).
 
@@ -481,9 +493,7 @@ async def serve(spec: ServiceSpec[SettingsT], *, stop: asyncio.Event) -> None:
             bus = await _unless_stopped(_connect_bus(spec, nats_url), stop)
             resources.push_async_callback(_close_bus, bus)
             await _unless_stopped(_wait_for_postgres(spec, engine, database_url), stop)
-            await _unless_stopped(
-                subjects.provision(bus.js, consumers=subjects.consumers_of(spec.name)), stop
-            )
+            await _unless_stopped(_provision(spec, bus), stop)
             ledger = SqlLedger.create(database_url, pool_size=spec.settings.database.pool_size)
             resources.push_async_callback(ledger.close)
         except _StopRequestedError:

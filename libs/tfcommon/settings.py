@@ -23,6 +23,13 @@ class NatsSettings(BaseSettings):
     url: str | None = Field(default=None, description="NATS URL, e.g. nats://127.0.0.1:4222")
     user: str | None = Field(default=None, description="NATS user name, when the server requires one")
     password: SecretStr | None = Field(default=None, description="NATS password")
+    stream_replicas: int = Field(
+        default=1,
+        ge=1,
+        le=5,
+        description="servers that keep a copy of each stream a service creates (3 on a 3-server NATS "
+        "cluster; the Helm chart sets 3); a service's start-up never lowers a stream's replicas",
+    )
     tls_ca_file: Path | None = Field(
         default=None,
         description="PEM CA that signed the NATS server's certificate; set, the bus connects only over TLS "

@@ -4,10 +4,15 @@ Subjects are `tf.evt.<entity>.<past-tense-verb>` for facts and `tf.cmd.<service>
 commands; streams `TF_EVENTS` and `TF_COMMANDS`; durable pull consumers `<service>-<handler>`.
 Subject strings are declared once, on the message classes in `tfcommon.events`; this module names
 them for wiring and declares every stream and consumer. Nothing is created implicitly elsewhere.
+
+Each stream is kept on `replicas` servers (`TF_NATS_STREAM_REPLICAS`): a new stream is created with
+that many, and an existing one is never given fewer than it has (`stream_replicas`), so a service
+starting with the default 1 cannot undo an operator's raise to 3.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal
@@ -21,9 +26,11 @@ from nats.js.api import (
     StorageType,
     StreamConfig,
 )
-from nats.js.errors import NotFoundError
+from nats.js.errors import APIError, NotFoundError
 
 from tfcommon import events
+
+log = logging.getLogger("tfcommon.subjects")
 
 EVENTS_STREAM = "TF_EVENTS"
 COMMANDS_STREAM = "TF_COMMANDS"
@@ -71,9 +78,11 @@ class StreamSpec:
     max_age_s: float = 0.0
     storage: Literal["file", "memory"] = "file"
 
-    def config(self) -> StreamConfig:
+    def config(self, replicas: int = 1) -> StreamConfig:
+        """The server-side configuration, with the stream kept on `replicas` servers."""
         return StreamConfig(
             name=self.name,
+            num_replicas=replicas,
             description=self.description,
             subjects=list(self.subjects),
             retention=RetentionPolicy(self.retention),
@@ -262,12 +271,85 @@ def consumers_of(service: str, node: str | None = None) -> tuple[ConsumerSpec, .
     return tuple(own)
 
 
-async def provision_stream(js: JetStreamContext, spec: StreamSpec) -> None:
-    """Create the stream, or update it to match `spec` (safe to run any number of times)."""
+class StreamReplicasError(RuntimeError):
+    """The NATS server cannot keep a stream on as many servers as `TF_NATS_STREAM_REPLICAS` asks."""
+
+
+_NOT_CLUSTERED = 10074
+"""JetStream's error code for replicas > 1 on a server that is not part of a cluster."""
+_NO_PLACEMENT = 10005
+"""JetStream's error code for too few servers (peers) to place the replicas on."""
+_NAME_IN_USE = 10058
+"""JetStream's error code for a stream created meanwhile (by another service) with another config."""
+
+
+def stream_replicas(wanted: int, existing: int | None) -> int:
+    """How many servers provisioning keeps a stream on: `wanted` for a stream that does not exist yet
+    (`existing` None), and never fewer than an existing stream already has. Pure."""
+    if wanted < 1:
+        raise ValueError(f"stream replicas must be 1 or more, not {wanted} (TF_NATS_STREAM_REPLICAS)")
+    return wanted if existing is None else max(wanted, existing)
+
+
+async def _current_replicas(js: JetStreamContext, name: str) -> int | None:
     try:
-        await js.update_stream(spec.config())
+        info = await js.stream_info(name)
     except NotFoundError:
-        await js.add_stream(spec.config())
+        return None
+    return info.config.num_replicas or 1
+
+
+async def provision_stream(js: JetStreamContext, spec: StreamSpec, replicas: int = 1) -> None:
+    """Create the stream on `replicas` servers, or update it to match `spec` keeping at least the
+    replicas it has (safe to run any number of times, from any number of services at once).
+
+    Raises `StreamReplicasError` when the server cannot hold that many copies (a single server, or a
+    cluster with fewer servers), naming `TF_NATS_STREAM_REPLICAS` and the fix.
+    """
+    for attempt in range(3):
+        existing = await _current_replicas(js, spec.name)
+        target = stream_replicas(replicas, existing)
+        try:
+            if existing is None:
+                await js.add_stream(spec.config(target))
+            else:
+                await js.update_stream(spec.config(target))
+        except APIError as error:
+            if error.err_code in (_NOT_CLUSTERED, _NO_PLACEMENT):
+                raise StreamReplicasError(
+                    f"stream {spec.name}: NATS cannot keep {target} replicas ({error.description}); "
+                    f"set TF_NATS_STREAM_REPLICAS to at most the number of NATS servers in the cluster "
+                    f"(1 for a single server)"
+                ) from error
+            # Deleted, or created by another service, since we looked: look again.
+            changed_meanwhile = isinstance(error, NotFoundError) or error.err_code == _NAME_IN_USE
+            if changed_meanwhile and attempt < 2:
+                continue
+            raise
+        _log_replicas(spec.name, replicas, existing, target)
+        return
+
+
+def _log_replicas(name: str, wanted: int, existing: int | None, target: int) -> None:
+    if existing is None:
+        message, outcome = "stream created", "created"
+    elif existing < target:
+        message, outcome = "stream replicas raised", "raised"
+    elif wanted < existing:
+        message, outcome = "stream keeps more replicas than TF_NATS_STREAM_REPLICAS asks", "kept"
+    else:
+        message, outcome = "stream up to date", "kept"
+    log.info(
+        message,
+        extra={
+            "event": "stream.provisioned",
+            "stream": name,
+            "outcome": outcome,
+            "replicas": target,
+            "replicas_before": existing,
+            "replicas_wanted": wanted,
+        },
+    )
 
 
 async def provision_consumer(js: JetStreamContext, spec: ConsumerSpec) -> None:
@@ -281,13 +363,15 @@ async def provision(
     *,
     streams: Iterable[StreamSpec] = STREAMS,
     consumers: Iterable[ConsumerSpec] = CONSUMERS,
+    replicas: int = 1,
 ) -> None:
     """Create or update the streams, then the durable consumers; idempotent, applies changed config.
 
     The defaults create everything (a single trusted user, tests); a service passes
-    `consumers=consumers_of(service)`, since its NATS user may create only its own durables.
+    `consumers=consumers_of(service)`, since its NATS user may create only its own durables, and
+    `replicas` from `TF_NATS_STREAM_REPLICAS` (new streams get that many; none loses any).
     """
     for stream in streams:
-        await provision_stream(js, stream)
+        await provision_stream(js, stream, replicas)
     for consumer in consumers:
         await provision_consumer(js, consumer)

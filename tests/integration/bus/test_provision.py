@@ -79,3 +79,13 @@ async def test_provision_applies_changed_configuration(
     applied = (await nats_bus.js.consumer_info(scratch_stream.name, consumer.durable)).config
     assert (applied.max_deliver, applied.backoff) == (7, [2.0, 4.0])
     assert applied.ack_wait == changed_consumer.effective_ack_wait_s
+
+
+async def test_more_replicas_than_a_single_server_holds_is_refused_naming_the_setting(
+    nats_bus: NatsEventBus, scratch_stream: StreamSpec
+) -> None:
+    await provision(nats_bus.js, streams=[scratch_stream], consumers=[])
+    with pytest.raises(subjects.StreamReplicasError, match="TF_NATS_STREAM_REPLICAS") as refused:
+        await provision(nats_bus.js, streams=[scratch_stream], consumers=[], replicas=3)
+    assert "1 for a single server" in str(refused.value)
+    assert (await nats_bus.js.stream_info(scratch_stream.name)).config.num_replicas == 1
