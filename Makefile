@@ -35,7 +35,7 @@ lint: $(STAMP) ## ruff, mypy --strict and the import-linter contracts
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-test: lint chromium kubernetes helm ## Lint, then every test: unit, integration (real NATS, Postgres and Kubernetes) and end to end
+test: lint chromium postgres-tls kubernetes helm ## Lint, then every test: unit, integration (real NATS, Postgres and Kubernetes) and end to end
 	$(BIN)/pytest
 
 kubernetes: $(STAMP) ## Build the pinned Kubernetes control plane (tools/kubernetes) once into ~/.cache/tfpool/k8s
@@ -53,6 +53,11 @@ helm: $(STAMP) ## Build the pinned Helm (tools/helm) once into ~/.cache/tfpool/h
 chromium: ## Debian's Chromium, for the dashboard's browser test (installed once, needs root)
 	@command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) \
 		|| (echo "make test needs Debian's chromium for the browser test: apt-get install chromium (as root)" >&2; exit 1)
+
+postgres-tls: ## Debian's Postgres, built with SSL, for the sslmode=verify-full test (installed once, needs root)
+	@ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 \
+		|| (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null) \
+		|| (echo "make test needs Debian's postgresql for the TLS test: apt-get install postgresql (as root)" >&2; exit 1)
 
 test-unit: $(STAMP) ## Only the unit tests (no network)
 	$(BIN)/pytest tests/unit
