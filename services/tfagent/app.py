@@ -44,6 +44,7 @@ from tfagent.core.usage import WorkerAllocation, WorkerShare
 from tfagent.deviceplugin.server import DevicePlugins, serve_device_plugins
 from tfagent.kubernetes_status import KubernetesStatus
 from tfagent.ports import GpuProbe, ProcessOwners
+from tfagent.providers import provider_model_table
 from tfagent.workers import WorkerRunner, build_workers_router
 
 SERVICE = "node-agent"
@@ -54,12 +55,15 @@ def node_name(settings: AgentSettings) -> str:
     return (settings.node_name or socket.gethostname()).lower()
 
 
-def model_catalog(settings: AgentSettings) -> ModelCatalog:
+def model_catalog(settings: AgentSettings, providers: tuple[GpuModelSpec, ...] = ()) -> ModelCatalog:
+    """The model table: `TF_GPU_MODELS`, then the cluster's ProviderConfig models, then the built-ins."""
     overrides = tuple(
         GpuModelSpec(model.name, model.fp16_tflops_milli, model.vram_bytes, model.source, model.nvml_names)
         for model in settings.gpu_models
     )
-    return ModelCatalog(overrides=overrides, fallback_tflops_milli=settings.fallback_tflops_milli)
+    return ModelCatalog(
+        overrides=overrides, fallback_tflops_milli=settings.fallback_tflops_milli, providers=providers
+    )
 
 
 async def compose(context: ServiceContext[AgentSettings]) -> Components:
@@ -68,21 +72,25 @@ async def compose(context: ServiceContext[AgentSettings]) -> Components:
     agent_holder: list[NodeAgent] = []
     probe: GpuProbe
     owners: ProcessOwners
+    custom_resources = kubernetes_status(context, node) if settings.agent_kubernetes else None
+    providers = await provider_model_table(custom_resources.cluster) if custom_resources is not None else ()
     try:
         if settings.fake_gpus:
             simulated = SimulatedGpuProbe(
                 node,
                 parse_fake_gpus(settings.fake_gpus),
                 allocations=lambda: agent_holder[0].allocations(),
-                catalog=model_catalog(settings),
+                catalog=model_catalog(settings, providers),
             )
             probe, owners = simulated, simulated
         else:
-            probe, owners = NvmlGpuProbe(load_pynvml(), node, model_catalog(settings)), HostProcessOwners()
+            probe, owners = (
+                NvmlGpuProbe(load_pynvml(), node, model_catalog(settings, providers)),
+                HostProcessOwners(),
+            )
     except (FakeGpuSpecError, NvmlUnavailableError) as error:
         raise StartupError(str(error)) from error
     context.cleanup.callback(probe.close)
-    custom_resources = kubernetes_status(context, node) if settings.agent_kubernetes else None
     agent = NodeAgent(
         node=node,
         pool=settings.pool,

@@ -61,8 +61,13 @@ class CustomResourceWriter(Protocol):
     """The part of the `Cluster` port (`tfcommon.cluster`) the agent writes its GPUNode and GPU objects with.
 
     `KubernetesCluster` and `InMemoryCluster` provide it; the agent calls nothing else on the API server,
-    which is what the node agent's RBAC rules grant (`tfcommon.cluster.rbac`).
+    which is what the node agent's RBAC rules grant (`tfcommon.cluster.rbac`). `list_custom_objects` is
+    for the ProviderConfig objects, read once at start (`tfagent.providers`).
     """
+
+    async def list_custom_objects(
+        self, kind: CustomResource, *, namespace: str | None = None
+    ) -> list[CustomObject]: ...
 
     async def get_custom_object(
         self, kind: CustomResource, name: str, *, namespace: str | None = None

@@ -33,6 +33,7 @@ from tfmetrics.exporter import build_metrics_router, series_board
 from tfmetrics.handlers import count_events_handler, record_usage_handler
 from tfmetrics.live import Clock, LiveView
 from tfmetrics.pool_history import PoolHistory
+from tfmetrics.prices import wire_prices
 from tfmetrics.recommender import Recommender, UsageWindow, build_recommendations_router
 from tfmetrics.workload_reads import pending_workloads
 
@@ -52,6 +53,7 @@ async def compose(context: ServiceContext[MetricsSettings], clock: Clock = utc_n
         report=False,  # its account only reads
         on_close=context.cleanup.callback,
     )
+    prices, price_tasks = wire_prices(settings.gpu_cost_per_hour, context.stopping, context.cleanup.callback)
     view = LiveView(context.ledger, clock=clock)
     engine = context.ledger.engine
     history = PoolHistory(engine, clock, timedelta(seconds=settings.history_interval_s))
@@ -132,7 +134,7 @@ async def compose(context: ServiceContext[MetricsSettings], clock: Clock = utc_n
         return await bill_from_ledger(
             context.ledger.engine,
             config.current(),
-            settings.gpu_cost_per_hour,
+            prices,
             start=end - window,
             end=end,
             group_by="namespace",
@@ -142,7 +144,7 @@ async def compose(context: ServiceContext[MetricsSettings], clock: Clock = utc_n
     return Components(
         routers=[
             build_metrics_router(),
-            build_billing_router(context.ledger.engine, config.current, settings.gpu_cost_per_hour),
+            build_billing_router(context.ledger.engine, config.current, prices),
             build_dashboard_router(
                 view,
                 DashboardSources(
@@ -158,6 +160,7 @@ async def compose(context: ServiceContext[MetricsSettings], clock: Clock = utc_n
         ],
         tasks={
             **pool_tasks,
+            **price_tasks,
             "refresh-ledger": refresh_ledger,
             "sample-history": sample_history,
             "recommend": recommend,

@@ -43,6 +43,7 @@ from tfwebhook.http import (
 )
 from tfwebhook.namespaces import NamespaceLabelCache, local_namespace_labels
 from tfwebhook.pod_index import SequencePodIndices
+from tfwebhook.profiles import wire_profiles
 from tfwebhook.quotas import wire_quotas
 from tfwebhook.recommendations import refresh_recommendations
 from tfwebhook.takeover_recheck import TakeoverRecheck
@@ -93,6 +94,7 @@ def composer(tls: TlsFiles) -> Callable[[ServiceContext[WebhookSettings]], Await
             config, service="webhook", stop=context.stopping, report=False, on_close=context.cleanup.callback
         )
         quotas, quota_tasks = wire_quotas(context.stopping, context.cleanup.callback)
+        profiles, profile_tasks = wire_profiles(context.stopping, context.cleanup.callback)
         cluster = kubernetes_cluster(context.cleanup)
         service = AdmissionService(
             config=pools,
@@ -105,12 +107,14 @@ def composer(tls: TlsFiles) -> Callable[[ServiceContext[WebhookSettings]], Await
             pod_indices=pod_indices,
             recommendations=recommendations.current,
             quotas=quotas,
+            profiles=profiles,
         )
         context.cleanup.push_async_callback(service.drain)
         tasks: dict[str, BackgroundTask] = {
             "recommendations": lambda: refresh_recommendations(recommendations, context.stopping),
             **pool_tasks,
             **quota_tasks,
+            **profile_tasks,
         }
         if context.ssl_context is not None:
             reloader = CertificateReloader(context.ssl_context, tls.cert_file, tls.key_file)

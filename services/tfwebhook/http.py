@@ -45,6 +45,7 @@ from tfwebhook.core.admission import (
     admit,
     assign_pod_index,
 )
+from tfwebhook.core.profile import WorkloadProfile
 from tfwebhook.core.review import (
     MalformedReviewError,
     ReviewRequest,
@@ -103,6 +104,17 @@ def no_quotas() -> Mapping[str, NamespaceQuota]:
     return {}
 
 
+Profiles = Callable[[], Mapping[str, WorkloadProfile]]
+"""The cluster's WorkloadProfiles by `namespace/name` (`tfwebhook.profiles.WatchedProfiles`): the same
+mapping until one changes."""
+
+_NO_PROFILES: Mapping[str, WorkloadProfile] = {}
+
+
+def no_profiles() -> Mapping[str, WorkloadProfile]:
+    return _NO_PROFILES
+
+
 def no_recommendations() -> Mapping[str, Recommendation]:
     return _NO_RECOMMENDATIONS
 
@@ -115,13 +127,14 @@ class VerdictCache:
 
     `admit` is pure, so an identical pod in the same namespace under the same configuration gets the
     same verdict. Verdicts that claim an `enabled-replicas` slot are never cached: they carry the
-    request's own slot id. A configuration reload empties the cache.
+    request's own slot id. A configuration reload, or a changed set of WorkloadProfiles, empties the cache.
     """
 
     def __init__(self, size: int) -> None:
         self.size = size
         self._config: TfConfig | None = None
         self._recommendations: Mapping[str, Recommendation] = _NO_RECOMMENDATIONS
+        self._profiles: Mapping[str, WorkloadProfile] = _NO_PROFILES
         self._entries: dict[
             tuple[bytes, str, frozenset[tuple[str, str]] | None, NamespaceQuota | None], Verdict
         ] = {}
@@ -137,6 +150,10 @@ class VerdictCache:
             if context.recommendations != self._recommendations:
                 self._clear()
             self._recommendations = context.recommendations
+        if context.profiles is not self._profiles:
+            if context.profiles != self._profiles:
+                self._clear()
+            self._profiles = context.profiles
         labels = context.namespace_labels
         key = (
             orjson.dumps(pod),
@@ -193,6 +210,7 @@ class AdmissionService:
     pod_indices: PodIndices = field(default_factory=CyclingPodIndices)
     recommendations: Recommendations = no_recommendations
     quotas: Quotas = no_quotas
+    profiles: Profiles = no_profiles
     clock: Callable[[], datetime] = lambda: datetime.now(UTC)
     verdict_cache_size: int = 512
     outbox_limit: int = 10_000
@@ -249,6 +267,7 @@ class AdmissionService:
             takeover_slot_id=request.uid,
             recommendations=self.recommendations(),
             quota=self.quotas().get(request.namespace),
+            profiles=self.profiles(),
         )
         verdict = self._verdicts.decide(pod, context)
         if not isinstance(verdict, Admitted) or not verdict.patch:

@@ -128,6 +128,14 @@ def create_namespace(stack: KubeStack, name: str, labels: dict[str, str] | None 
     )
 
 
+def dry_run(stack: KubeStack, manifest: dict[str, Any]) -> str:
+    """A server-side dry run of creating `manifest` (through the webhook): its JSON when admitted,
+    kubectl's error when denied."""
+    return stack.kubectl(
+        "create", "--dry-run=server", "-o", "json", "-f", "-", stdin=json.dumps(manifest), check=False
+    )
+
+
 def audited_requests(audit_log: Path) -> tuple[set[str], list[str]]:
     """Our service accounts seen in the API server's audit log, and (user, verb, resource) of each of
     their requests it refused (403)."""

@@ -4,7 +4,8 @@
 `on_change` with every object by name after each change (added, modified, deleted); a watch that ends
 is reopened from the last version seen, and a `410 Gone` or any error relists after `retry_s`. The first
 call comes right after the first list, so a caller starts with the cluster's state. Used for GPUPool
-objects (`tfcommon.pool_source`).
+objects (`tfcommon.pool_source`) and, through `cluster_watch_task`, WorkloadProfile and ProviderConfig
+objects.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from functools import partial
 from typing import Any
 
@@ -121,3 +122,22 @@ async def _follow(
         finally:
             stream.close()
             stopping.cancel()
+
+
+def cluster_watch_task(
+    name: str,
+    kind: CustomResource,
+    on_change: Callable[[Objects], None],
+    stop: asyncio.Event,
+    on_close: Callable[[Callable[[], None]], object],
+) -> dict[str, Callable[[], Awaitable[None]]]:
+    """A service's background task `name` keeping `on_change` fed from a watch of `kind`, in Kubernetes
+    mode (`tfcommon.pool_source.pools_from_cluster`) only: none outside it. The watch uses the service
+    account's API server, or $KUBECONFIG; `on_close` registers closing its client."""
+    from tfcommon.pool_source import pools_from_cluster
+
+    if not pools_from_cluster():
+        return {}
+    cluster = KubernetesCluster.from_environment()
+    on_close(cluster.close)
+    return {name: lambda: watch_custom_objects(cluster, kind, on_change, stop)}

@@ -71,6 +71,8 @@ _CUSTOM_KINDS = {
     CustomResource.GPU_NODE: "GPUNode",
     CustomResource.GPU_POOL: "GPUPool",
     CustomResource.GPU_RESOURCE_QUOTA: "GPUResourceQuota",
+    CustomResource.WORKLOAD_PROFILE: "WorkloadProfile",
+    CustomResource.PROVIDER_CONFIG: "ProviderConfig",
 }
 
 

@@ -228,6 +228,8 @@ CUSTOM_KINDS = {
     CustomResource.GPU_NODE: "GPUNode",
     CustomResource.GPU_POOL: "GPUPool",
     CustomResource.GPU_RESOURCE_QUOTA: "GPUResourceQuota",
+    CustomResource.WORKLOAD_PROFILE: "WorkloadProfile",
+    CustomResource.PROVIDER_CONFIG: "ProviderConfig",
 }
 
 

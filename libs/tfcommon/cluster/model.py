@@ -23,6 +23,8 @@ class CustomResource(enum.Enum):
     GPU_NODE = ("gpunodes", False)
     GPU_POOL = ("gpupools", False)
     GPU_RESOURCE_QUOTA = ("gpuresourcequotas", True)
+    WORKLOAD_PROFILE = ("workloadprofiles", True)
+    PROVIDER_CONFIG = ("providerconfigs", False)
 
     @property
     def plural(self) -> str:

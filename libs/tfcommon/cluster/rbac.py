@@ -40,7 +40,9 @@ REQUIRED_RBAC: dict[str, list[PolicyRule]] = {
     "webhook": [
         PolicyRule("", ("namespaces",), ("get",)),
         PolicyRule("", ("pods",), ("list",)),
-        PolicyRule(CUSTOM_RESOURCE_GROUP, ("gpupools", "gpuresourcequotas"), ("list", "watch")),
+        PolicyRule(
+            CUSTOM_RESOURCE_GROUP, ("gpupools", "gpuresourcequotas", "workloadprofiles"), ("list", "watch")
+        ),
     ],
     "defrag-planner": [
         PolicyRule("", ("pods",), ("get", "list", "patch")),
@@ -55,13 +57,15 @@ REQUIRED_RBAC: dict[str, list[PolicyRule]] = {
     "node-agent": [
         PolicyRule("", ("pods",), ("list",)),
         PolicyRule(CUSTOM_RESOURCE_GROUP, ("gpunodes",), ("get",)),
+        PolicyRule(CUSTOM_RESOURCE_GROUP, ("providerconfigs",), ("list",)),
         PolicyRule(CUSTOM_RESOURCE_GROUP, ("gpus", "gpunodes"), ("create", "patch")),
         PolicyRule(CUSTOM_RESOURCE_GROUP, ("gpus/status", "gpunodes/status"), ("patch",)),
     ],
 }
 """Rules per service account. `get` covers the `get_*` methods, `list` the `list_*` ones; gpupools `list` and
 `watch` are the GPUPool watch of Kubernetes mode (`tfcommon.pool_source`), `events` create for the defrag
-planner its Warning `InvalidPoolSpec`. RBAC cannot
+planner its Warning `InvalidPoolSpec`; the webhook watches WorkloadProfiles (`tfwebhook.profiles`), the node
+agent lists ProviderConfigs once at start for its GPU model table (`tfagent.providers`). RBAC cannot
 limit the node agent to its own node's objects (resource names are not known in advance, and `create`
 cannot be limited by name): its code only touches the GPUNode named after its node and the GPUs it
 discovered there (`tfagent.kubernetes_status`)."""

@@ -35,19 +35,22 @@ class Capacity:
 
 @dataclass(frozen=True)
 class ModelCatalog:
-    """The model table the agent maps product names with: operator overrides first, then the built-ins.
+    """The model table the agent maps product names with: operator overrides (`TF_GPU_MODELS`) first,
+    then the cluster's ProviderConfig `hardwareMetadata` (`providers`), then the built-ins.
 
-    An override with a built-in model's short name (e.g. `H100`) replaces that model's figures for every
-    NVML product name the built-in entry lists.
+    An override or provider entry with a built-in model's short name (e.g. `H100`) replaces that model's
+    figures for every NVML product name the built-in entry lists.
     """
 
     overrides: tuple[GpuModelSpec, ...] = ()
     fallback_tflops_milli: int = DEFAULT_FALLBACK_TFLOPS_MILLI
+    providers: tuple[GpuModelSpec, ...] = ()
 
     def capacity_of(self, product_name: str) -> Capacity:
-        spec = find_model_by_nvml_name(product_name, (*self.overrides, *GPU_MODELS))
+        spec = find_model_by_nvml_name(product_name, (*self.overrides, *self.providers, *GPU_MODELS))
         if spec is not None:
-            chosen = next((override for override in self.overrides if override.name == spec.name), spec)
+            layered = (*self.overrides, *self.providers)
+            chosen = next((entry for entry in layered if entry.name == spec.name), spec)
             return Capacity(chosen.name, chosen.fp16_tflops_milli, chosen.source)
         fallback_tflops = self.fallback_tflops_milli / 1000
         return Capacity(

@@ -49,6 +49,7 @@ from tfcommon.recommendations import Recommendation, workload_key
 
 from tfwebhook.core.autoscale import AUTOSCALE_SOURCE, Sizes, autoscale
 from tfwebhook.core.patch import JsonPatch, escape_pointer_token, json_diff
+from tfwebhook.core.profile import PROFILE, ProfileError, WorkloadProfile, with_profile
 from tfwebhook.core.vocabulary import unknown_keys
 from tfwebhook.core.workload import WorkloadIdentity, identify, pod_display_name
 
@@ -119,6 +120,9 @@ class AdmissionContext:
     quota: NamespaceQuota | None = None
     """The pod's namespace's GPUResourceQuota: its `single.defaultRequests/defaultLimits` fill the zero
     requests of a pod that is not `shared`, and a pod over a `single` maximum is denied."""
+    profiles: Mapping[str, WorkloadProfile] = field(default_factory=dict)
+    """The cluster's WorkloadProfiles by `namespace/name` (`tfwebhook.core.profile`): a pod naming one in
+    annotation `tensor-fusion.ai/workload-profile` gets its keys wherever its own are unset."""
 
 
 @dataclass(frozen=True)
@@ -606,6 +610,11 @@ def _admit(original: Mapping[str, Any], context: AdmissionContext) -> Verdict:
     unknown = unknown_keys(labels, annotations)
     if unknown is not None:
         raise AdmissionDeniedError(unknown)
+    if PROFILE in annotations:
+        try:
+            annotations = with_profile(annotations, context.profiles, namespace)
+        except ProfileError as error:
+            raise AdmissionDeniedError(str(error)) from None
 
     local = _boolean(annotations, IS_LOCAL_GPU)
     pool_name = annotations.get(GPUPOOL)

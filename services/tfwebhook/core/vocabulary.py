@@ -37,6 +37,7 @@ READ_ANNOTATIONS = frozenset(
         "autoscale",
         "autoscale-target",
         "eviction-protection",
+        "workload-profile",
     )
 )
 """Annotations the webhook or the scheduler reads from a pod."""
@@ -62,7 +63,6 @@ IGNORED_ANNOTATIONS = frozenset(
     for key in (
         "sidecar-worker",
         "embedded-worker",
-        "workload-profile",
         "partition-id",
         "worker-pod-template",
         "gang-enabled",

@@ -14,8 +14,11 @@ from __future__ import annotations
 
 import copy
 import ssl
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -28,6 +31,19 @@ NAMESPACES = ("default", "team", "tfpool-system")
 _CUSTOM = "/apis/tensor-fusion.ai/v1"
 _UNSCHEDULABLE = "node.kubernetes.io/unschedulable"
 _NOT_READY = "node.kubernetes.io/not-ready"
+
+
+def kubectl(control_plane: LocalKubernetes, *args: str, stdin: str | None = None) -> str:
+    """Run the pinned kubectl as the admin, as a user types it; fails the test naming its error."""
+    result = subprocess.run(
+        [str(Path(sys.executable).parent / "kubectl"), f"--kubeconfig={control_plane.kubeconfig}", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, f"kubectl {' '.join(args)}: {result.stderr}"
+    return result.stdout
 
 
 def admin_client(control_plane: LocalKubernetes) -> httpx.Client:

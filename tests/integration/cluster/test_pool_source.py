@@ -11,8 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -22,6 +20,7 @@ from typing import Any
 
 import pytest
 import yaml
+from cluster_control_plane import kubectl
 from tfcommon.cluster.kubernetes import KubernetesCluster
 from tfcommon.config import ConfigSource, TfConfig
 from tfcommon.kube_local import LocalKubernetes
@@ -36,18 +35,6 @@ from tfwebhook.testing import a_pod, apply, opted_in
 pytestmark = pytest.mark.integration
 
 EFFECT_WITHIN_S = 2.0
-
-
-def kubectl(control_plane: LocalKubernetes, *args: str, stdin: str | None = None) -> str:
-    result = subprocess.run(
-        [str(Path(sys.executable).parent / "kubectl"), f"--kubeconfig={control_plane.kubeconfig}", *args],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert result.returncode == 0, f"kubectl {' '.join(args)}: {result.stderr}"
-    return result.stdout
 
 
 @dataclass

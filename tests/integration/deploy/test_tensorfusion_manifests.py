@@ -1,7 +1,8 @@
 """TensorFusion's own sample manifests against our CRDs on a real API server, and the `UnsupportedFields`
 condition the scheduler keeps on what we accept but do not act on.
 
-The samples (`tensorfusion_samples/`, copied unmodified from NexusGPU/tensor-fusion) apply with
+The samples (`tensorfusion_samples/`, copied unmodified from NexusGPU/tensor-fusion: GPU, GPUNode, GPUPool,
+GPUResourceQuota, WorkloadProfile and the four ProviderConfigs) apply with
 `kubectl apply --validate=strict` (an unknown field is an error, never pruned), and every value they set
 reads back unchanged. Status written under TensorFusion's names (`hypervisorState`, `allocatedPods`,
 `topology`, ...) is accepted through the status subresource.
@@ -27,7 +28,7 @@ from tfscheduler.spec_conditions import UnsupportedFieldsReporter
 pytestmark = pytest.mark.integration
 
 SAMPLES = Path(__file__).resolve().parent / "tensorfusion_samples"
-QUOTA_NAMESPACES = ("production-namespace", "development-namespace", "research-namespace")
+SAMPLE_NAMESPACES = ("production-namespace", "development-namespace", "research-namespace", "tensor-fusion")
 
 
 def run_kubectl(
@@ -102,19 +103,30 @@ def missing_values(sent: Mapping[str, Any], stored: Mapping[str, Any]) -> list[s
 
 
 @pytest.fixture(scope="module")
-def quota_namespaces(local_kubernetes: LocalKubernetes) -> Iterator[None]:
-    for namespace in QUOTA_NAMESPACES:
+def sample_namespaces(local_kubernetes: LocalKubernetes) -> Iterator[None]:
+    for namespace in SAMPLE_NAMESPACES:
         kubectl(local_kubernetes, "create", "namespace", namespace)
     yield
-    for namespace in QUOTA_NAMESPACES:
+    for namespace in SAMPLE_NAMESPACES:
         kubectl(local_kubernetes, "delete", "namespace", namespace, "--wait=false")
 
 
 @pytest.mark.parametrize(
-    "sample", ["v1_gpu.yaml", "v1_gpunode.yaml", "v1_gpupool.yaml", "v1_gpuresourcequota.yaml"]
+    "sample",
+    [
+        "v1_gpu.yaml",
+        "v1_gpunode.yaml",
+        "v1_gpupool.yaml",
+        "v1_gpuresourcequota.yaml",
+        "v1_workloadprofile.yaml",
+        "provider-nvidia.yaml",
+        "provider-ascend.yaml",
+        "provider-mthreads.yaml",
+        "provider-ppu.yaml",
+    ],
 )
 def test_tensorfusion_sample_applies_strictly_and_keeps_every_value(
-    local_kubernetes: LocalKubernetes, quota_namespaces: None, sample: str
+    local_kubernetes: LocalKubernetes, sample_namespaces: None, sample: str
 ) -> None:
     kubectl(local_kubernetes, "apply", "--validate=strict", "-f", str(SAMPLES / sample))
     try:
@@ -145,6 +157,19 @@ def test_a_misspelt_field_is_refused_not_pruned(local_kubernetes: LocalKubernete
     )
     assert result.returncode != 0
     assert 'unknown field "spec.capacityConfig.minResource"' in result.stderr
+
+
+def test_a_misspelt_workload_profile_field_is_refused_not_pruned(
+    local_kubernetes: LocalKubernetes, sample_namespaces: None
+) -> None:
+    profile = documents("v1_workloadprofile.yaml")[0]
+    profile["metadata"]["name"] = f"typo-{uuid.uuid4().hex[:8]}"
+    profile["spec"]["gpucount"] = 2
+    result = run_kubectl(
+        local_kubernetes, "apply", "--validate=strict", "-f", "-", stdin=yaml.safe_dump(profile)
+    )
+    assert result.returncode != 0
+    assert 'unknown field "spec.gpucount"' in result.stderr
 
 
 TF_GPU_STATUS = {

@@ -1,4 +1,5 @@
-"""The CRDs (GPU, GPUNode, GPUPool, GPUResourceQuota) and the sample resources users copy from."""
+"""The CRDs (GPU, GPUNode, GPUPool, GPUResourceQuota, WorkloadProfile, ProviderConfig) and the sample
+resources users copy from."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ EXPECTED = {
     "GPUNode": ("gpunodes", "Cluster"),
     "GPUPool": ("gpupools", "Cluster"),
     "GPUResourceQuota": ("gpuresourcequotas", "Namespaced"),
+    "WorkloadProfile": ("workloadprofiles", "Namespaced"),
+    "ProviderConfig": ("providerconfigs", "Cluster"),
 }
 
 
@@ -80,7 +83,7 @@ def schema_paths(schema: dict[str, Any], prefix: str = "") -> set[str]:
     return paths
 
 
-def test_defines_the_four_kinds_in_group_tensor_fusion_ai_v1() -> None:
+def test_defines_the_six_kinds_in_group_tensor_fusion_ai_v1() -> None:
     found = crds()
     assert set(found) == set(EXPECTED)
     for kind, (plural, scope) in EXPECTED.items():
@@ -159,6 +162,9 @@ def test_seed_columns_show_values_for_the_example_gpu() -> None:
         ("GPUNode", ["spec", "manageMode"], "Sometimes"),
         ("GPUResourceQuota", ["spec", "total", "maxWorkers"], -1),
         ("GPUResourceQuota", ["spec", "total", "requestz"], {"tflops": "1"}),
+        ("WorkloadProfile", ["spec", "qos"], "gold"),
+        ("WorkloadProfile", ["spec", "gpuCount"], 0),
+        ("ProviderConfig", ["spec", "hardwareMetadata", 0, "fp16TFlops"], "fast"),
     ],
 )
 def test_schema_refuses_a_wrong_value(kind: str, path: list[str], bad_value: Any) -> None:

@@ -378,6 +378,7 @@ def test_node_agent_may_only_keep_gpu_and_gpunode_objects() -> None:
         == (
             grants("", ["pods"], ["list"])
             | grants(TF, ["gpunodes"], ["get"])
+            | grants(TF, ["providerconfigs"], ["list"])
             | grants(TF, ["gpus", "gpunodes"], ["create", "patch"])
             | grants(TF, ["gpus/status", "gpunodes/status"], ["patch"])
         )
@@ -391,10 +392,10 @@ def test_webhook_and_metrics_only_read() -> None:
         rules_of("webhook")
         == grants("", ["namespaces"], ["get"])
         | grants("", ["pods"], ["list"])
-        | grants(TF, ["gpupools", "gpuresourcequotas"], ["list", "watch"])
+        | grants(TF, ["gpupools", "gpuresourcequotas", "workloadprofiles"], ["list", "watch"])
         == required_by_code("webhook")
     )
-    assert rules_of("metrics") == grants(TF, ["gpupools"], ["list", "watch"])
+    assert rules_of("metrics") == grants(TF, ["gpupools", "providerconfigs"], ["list", "watch"])
 
 
 def test_no_account_gets_wildcards_secrets_or_rbac_rights() -> None:
