@@ -76,6 +76,10 @@ capabilities:
       key: {{ .service }}-password
 - name: TF_NATS_STREAM_REPLICAS
   value: {{ .root.Values.nats.streamReplicas | quote }}
+{{- if .root.Values.nats.tls.enabled }}
+- name: TF_NATS_TLS_CA_FILE
+  value: /etc/tfpool/nats-ca/ca.crt
+{{- end }}
 - name: TF_DATABASE_URL
   valueFrom:
     secretKeyRef:
@@ -154,7 +158,9 @@ startupProbe:
   failureThreshold: 60
 {{- end -}}
 
+{{/* Takes the root context, or a dict with it as root. */}}
 {{- define "tfpool.serviceMounts" -}}
+{{- $root := .root | default . -}}
 - name: config
   mountPath: /etc/tfpool/config.yaml
   subPath: config.yaml
@@ -163,9 +169,15 @@ startupProbe:
   mountPath: /tmp
 - name: state
   mountPath: /var/lib/tfpool
+{{- if $root.Values.nats.tls.enabled }}
+- name: nats-ca
+  mountPath: /etc/tfpool/nats-ca
+  readOnly: true
+{{- end }}
 {{- end -}}
 
 {{- define "tfpool.serviceVolumes" -}}
+{{- $root := .root | default . -}}
 - name: config
   configMap:
     name: tfpool-config
@@ -173,6 +185,19 @@ startupProbe:
   emptyDir: {}
 - name: state
   emptyDir: {}
+{{- if $root.Values.nats.tls.enabled }}
+- name: nats-ca
+  secret:
+    secretName: {{ include "tfpool.natsCaSecret" $root }}
+    items:
+    - key: ca.crt
+      path: ca.crt
+{{- end }}
+{{- end -}}
+
+{{/* The Secret with the CA of NATS's certificate (key ca.crt), in the release and agent namespaces. */}}
+{{- define "tfpool.natsCaSecret" -}}
+{{- default "tfpool-nats-ca" .Values.nats.tls.caSecret -}}
 {{- end -}}
 
 {{/* nodeSelector, tolerations and affinity of one component's values, when set. */}}

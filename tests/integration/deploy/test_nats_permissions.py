@@ -12,14 +12,12 @@ import io
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from datetime import UTC, datetime
-from uuid import uuid4
 
 import nats
 import pytest
 from nats.aio.client import Client
 from nats.js.errors import Error as JetStreamError
-from secured_nats_server import SecuredNats
+from secured_nats_server import SecuredNats, pod_admitted
 from tfcommon import events, subjects
 from tfcommon.bus import NatsEventBus, inbox_prefix_for
 from tfcommon.catalogue import filter_matches
@@ -266,19 +264,7 @@ async def test_user_cannot_read_another_users_inbox_or_the_shared_one(
 
 
 async def test_event_bus_receives_its_acknowledgements_on_its_own_inbox(provisioned: SecuredNats) -> None:
-    admitted = events.PodAdmitted(
-        event_id=uuid4(),
-        occurred_at=datetime.now(UTC),
-        workload=events.WorkloadRef(namespace="ml-team", name="trainer-0"),
-        request=events.GpuRequest(
-            pool="default",
-            tflops_request_milli=100_000,
-            tflops_limit_milli=200_000,
-            vram_request_bytes=8 << 30,
-            vram_limit_bytes=16 << 30,
-        ),
-        patch_operations=5,
-    )
+    admitted = pod_admitted()
     bus = await NatsEventBus.connect(
         provisioned.url, service="webhook", user="webhook", password=provisioned.passwords["webhook"]
     )

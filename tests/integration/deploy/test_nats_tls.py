@@ -3,24 +3,31 @@
 With the CA the bus connects, checks the server's name and publishes to JetStream; without it, with
 another CA, by a name the certificate does not list, or to a server without TLS, it stops at once with
 `NatsTlsError` naming the setting to fix, instead of retrying forever. A server that verifies clients
-takes the bus with a client certificate its CA signed and refuses it without one.
+takes the bus with a client certificate its CA signed and refuses it without one. The Helm chart's
+`nats.tls.enabled`: a nats-server run with the chart's own TLS arguments and generated certificate
+takes a client that checks the name the services connect by against the CA they mount.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import os
+import ssl
 import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime
 from pathlib import Path
-from uuid import uuid4
+from typing import Any
 
+import nats
 import pytest
-from tfcommon import events
+import yaml
+from secured_nats_server import pod_admitted
 from tfcommon.bus import NatsEventBus
-from tfcommon.infra import free_port, nats_server_binary, wait_for_port
+from tfcommon.infra import free_port, nats_server_binary, stop_process, wait_for_port
+from tfcommon.kube_local.helm import ensure_helm
 from tfcommon.kube_local.pki import KeyPair
 from tfcommon.nats_tls import NatsTlsError, client_context
 from tfcommon.settings import NatsSettings
@@ -68,12 +75,7 @@ tls {{
         wait_for_port("127.0.0.1", port, 30.0, process)
         yield port
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=10)
+        stop_process(process)
 
 
 @pytest.fixture(scope="module")
@@ -81,22 +83,6 @@ def tls_port(authority: TestAuthority) -> Iterator[int]:
     server = authority.server("nats-server", ("127.0.0.1",))
     with tls_nats_server(authority.folder, server) as port:
         yield port
-
-
-def admitted() -> events.PodAdmitted:
-    return events.PodAdmitted(
-        event_id=uuid4(),
-        occurred_at=datetime.now(UTC),
-        workload=events.WorkloadRef(namespace="ml-team", name="tls-0"),
-        request=events.GpuRequest(
-            pool="default",
-            tflops_request_milli=100_000,
-            tflops_limit_milli=100_000,
-            vram_request_bytes=8 << 30,
-            vram_limit_bytes=8 << 30,
-        ),
-        patch_operations=3,
-    )
 
 
 async def refusal(url: str, settings: NatsSettings) -> str:
@@ -116,7 +102,7 @@ async def test_bus_with_the_ca_publishes_to_jetstream_over_tls(
     )
     try:
         await provision(bus.js, streams=[EVENTS], consumers=[])
-        event = admitted()
+        event = pod_admitted("tls-0")
         await bus.publish(event)
         stored = await bus.js.get_last_msg(EVENTS_STREAM, event.subject)
         assert stored.headers is not None
@@ -180,3 +166,64 @@ async def test_tfctl_reads_the_tls_settings_and_says_why_it_is_refused(
     await client.close()
     with pytest.raises(NatsUnreachableError, match="a name the server's certificate lists"):
         await tfctl_connect(f"nats://localhost:{tls_port}", "--nats-url", name="tfctl-tls-test")
+
+
+def chart_with_nats_tls(namespace: str) -> list[dict[str, Any]]:
+    helm = ensure_helm(lambda line: print(line, file=sys.stderr, flush=True))
+    chart = Path(__file__).resolve().parents[3] / "charts" / "tfpool"
+    command = [str(helm), "template", "tfpool", str(chart), "--namespace", namespace]
+    rendered = subprocess.run(
+        [*command, "--set", "nats.tls.enabled=true"], capture_output=True, text=True, timeout=120, check=True
+    ).stdout
+    return [doc for doc in yaml.safe_load_all(rendered) if doc]
+
+
+@pytest.fixture
+def chart_nats(tmp_path: Path) -> Iterator[tuple[int, Path, str]]:
+    """A nats-server with the chart's TLS arguments and certificate (nats.tls.enabled) on 127.0.0.1:
+    its port, the CA the services mount (the agent namespace's copy) and the host they connect to."""
+    objects = chart_with_nats_tls("gpu-platform")
+    secrets = {
+        (obj["metadata"]["name"], obj["metadata"]["namespace"]): obj["data"]
+        for obj in objects
+        if obj["kind"] == "Secret"
+    }
+    mounted = tmp_path / "etc-nats-tls"
+    mounted.mkdir()
+    for key, value in secrets[("tfpool-nats-tls", "gpu-platform")].items():
+        (mounted / key).write_bytes(base64.b64decode(value))
+    ca_file = tmp_path / "ca.crt"
+    ca_file.write_bytes(base64.b64decode(secrets[("tfpool-nats-ca", "gpu-platform-node-agent")]["ca.crt"]))
+    (nats_set,) = [
+        obj for obj in objects if (obj["kind"], obj["metadata"]["name"]) == ("StatefulSet", "tfpool-nats")
+    ]
+    (container,) = nats_set["spec"]["template"]["spec"]["containers"]
+    args = container["args"][container["args"].index("--tls") :][:5]
+    tls_args = [arg.replace("/etc/nats/tls", str(mounted)) for arg in args]
+    url = base64.b64decode(secrets[("tfpool-nats", "gpu-platform")]["url"]).decode()
+    port = free_port()
+    process = subprocess.Popen(
+        [str(nats_server_binary()), "-a", "127.0.0.1", "-p", str(port), *tls_args],
+        env={"PATH": os.environ.get("PATH", "")},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        wait_for_port("127.0.0.1", port, 30.0, process)
+        yield port, ca_file, url.split("://", 1)[1].rsplit(":", 1)[0]
+    finally:
+        stop_process(process)
+
+
+async def test_the_charts_nats_tls_takes_a_client_checking_the_services_name(
+    chart_nats: tuple[int, Path, str],
+) -> None:
+    port, ca_file, service_host = chart_nats
+    url, tls = f"nats://127.0.0.1:{port}", client_context(NatsSettings(tls_ca_file=ca_file))
+    client = await nats.connect(url, tls=tls, tls_hostname=service_host, allow_reconnect=False)
+    assert client.is_connected
+    await client.close()
+    with pytest.raises(ssl.SSLCertVerificationError, match="mismatch"):
+        await nats.connect(url, tls=tls, tls_hostname="nats.elsewhere", allow_reconnect=False)
