@@ -314,9 +314,14 @@ def _covers(budget: PodDisruptionBudget, worker: Worker) -> bool:
     )
 
 
-def _demand(worker: Worker) -> int:
+def _demand(worker: Worker, source: Node) -> int:
+    """How large a worker is, to move the largest first; a compute-percent worker counts the TFLOPS its
+    percent is of the source node's card."""
     request = worker.request
-    per_gpu = request.gpu_share or (request.tflops_milli + request.vram_bytes // 1_000_000)
+    tflops = request.tflops_milli
+    if request.compute_percent is not None and source.gpus:
+        tflops = request.tflops_on(source.gpus[0])
+    per_gpu = request.gpu_share or (tflops + request.vram_bytes // 1_000_000)
     return request.gpu_count * per_gpu
 
 
@@ -449,7 +454,7 @@ class _Targets:
         self.pending.remove(source)
         placed: list[tuple[ClusterView, Placement]] = []
         moves: list[Move] = []
-        for worker in sorted(workers, key=lambda w: (-_demand(w), w.key)):
+        for worker in sorted(workers, key=lambda w: (-_demand(w, node), w.key)):
             outcome = place(worker.request, self.settled, profile)
             view = self.settled
             if not isinstance(outcome, Placement):

@@ -4,36 +4,23 @@ Reads what the admission webhook wrote (`tensor-fusion.ai/gpupool`, `gpu-count`,
 `tflops-*`, `vram-*`, `compute-percent-*`, `qos`, `isolation`, `gpu-model`, `eviction-protection`,
 `takeover-slot`, `container-gpu-count`, `inject-container`) and writes `gpu-ids` (lower-case GPU UUIDs,
 comma separated) and `container-gpus` (JSON: container name to its GPU UUIDs). No I/O, no clock.
-Bad annotations raise `PodRequestError`, whose message names the annotation and a valid value.
+Bad annotations raise `PodRequestError`, whose message names the annotation and a valid value. The
+request annotations themselves are read by `tfcommon.pod_request`, which the defrag planner shares.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import cast, get_args
 
 from tfcommon.cluster.model import Pod
-from tfcommon.events import GpuRequest, IsolationMode, QosLevel, WorkloadRef
-from tfcommon.quantities import QuantityError, parse_bytes, parse_milli
+from tfcommon.events import WorkloadRef
+from tfcommon.pod_request import PREFIX, PodRequestError, gpu_indices_of, gpu_request_of
 
 from tfscheduler.submission import Submission
 
-PREFIX = "tensor-fusion.ai/"
-GPUPOOL = PREFIX + "gpupool"
-GPU_COUNT = PREFIX + "gpu-count"
-GPU_INDICES = PREFIX + "gpu-indices"
-GPU_MODEL = PREFIX + "gpu-model"
-TFLOPS_REQUEST = PREFIX + "tflops-request"
-TFLOPS_LIMIT = PREFIX + "tflops-limit"
-VRAM_REQUEST = PREFIX + "vram-request"
-VRAM_LIMIT = PREFIX + "vram-limit"
-PERCENT_REQUEST = PREFIX + "compute-percent-request"
-PERCENT_LIMIT = PREFIX + "compute-percent-limit"
-QOS = PREFIX + "qos"
-ISOLATION = PREFIX + "isolation"
 EVICTION_PROTECTION = PREFIX + "eviction-protection"
 TAKEOVER_SLOT = PREFIX + "takeover-slot"
 CONTAINER_GPU_COUNT = PREFIX + "container-gpu-count"
@@ -42,13 +29,18 @@ WORKLOAD_LABEL = PREFIX + "workload"
 GPU_IDS = PREFIX + "gpu-ids"
 CONTAINER_GPUS = PREFIX + "container-gpus"
 
-MAX_GPU_COUNT = 128
+__all__ = [
+    "PodRequestError",
+    "PodWork",
+    "bind_annotations",
+    "container_gpus",
+    "gpu_ids_of",
+    "pod_work",
+    "workload_of",
+]
+
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
 _DURATION_SECONDS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
-
-
-class PodRequestError(ValueError):
-    """A pod's `tensor-fusion.ai/*` annotation cannot be read; the message names it and the fix."""
 
 
 @dataclass(frozen=True)
@@ -70,37 +62,13 @@ def workload_of(pod: Pod) -> WorkloadRef:
 
 def pod_work(pod: Pod, *, default_pool: str = "default") -> PodWork:
     """The submission for a pending pod from the webhook's annotations; raises `PodRequestError`."""
-    annotations = pod.annotations
-    indices = _indices(annotations.get(GPU_INDICES))
-    count = len(indices) if indices else _count(annotations.get(GPU_COUNT))
-    tflops_request, tflops_limit = _pair(annotations, TFLOPS_REQUEST, TFLOPS_LIMIT, parse_milli, "20")
-    vram_request, vram_limit = _pair(annotations, VRAM_REQUEST, VRAM_LIMIT, parse_bytes, "16Gi")
-    percent_request = _percent(annotations, PERCENT_REQUEST)
-    percent_limit = _percent(annotations, PERCENT_LIMIT)
-    if percent_request is None:
-        percent_request = percent_limit
-    if percent_request is not None and (tflops_request or tflops_limit):
-        raise PodRequestError(
-            f"annotations {PERCENT_REQUEST} and {TFLOPS_REQUEST}: give compute as TFLOPS or as percent, "
-            "not both"
-        )
-    request = GpuRequest(
-        pool=annotations.get(GPUPOOL) or pod.labels.get(GPUPOOL) or default_pool,
-        gpu_count=count,
-        tflops_request_milli=tflops_request,
-        tflops_limit_milli=tflops_limit,
-        vram_request_bytes=vram_request,
-        vram_limit_bytes=vram_limit,
-        compute_percent_request=percent_request,
-        gpu_model=annotations.get(GPU_MODEL) or None,
-        qos=cast(QosLevel, _choice(annotations, QOS, get_args(QosLevel), "medium")),
-        isolation=cast(IsolationMode, _choice(annotations, ISOLATION, get_args(IsolationMode), "soft")),
-    )
+    indices = gpu_indices_of(pod)
+    request = gpu_request_of(pod, default_pool=default_pool)
     submission = Submission(
         workload=workload_of(pod),
         request=request,
         priority=pod.priority or 0,
-        eviction_protection_s=_duration_s(annotations.get(EVICTION_PROTECTION)),
+        eviction_protection_s=_duration_s(pod.annotations.get(EVICTION_PROTECTION)),
         tolerations=tuple(
             {
                 key: value
@@ -116,7 +84,7 @@ def pod_work(pod: Pod, *, default_pool: str = "default") -> PodWork:
         ),
         node_selector=dict(pod.node_selector),
     )
-    return PodWork(submission, annotations.get(TAKEOVER_SLOT) or None, indices)
+    return PodWork(submission, pod.annotations.get(TAKEOVER_SLOT) or None, indices)
 
 
 def gpu_ids_of(pod: Pod) -> tuple[str, ...]:
@@ -163,82 +131,6 @@ def _container_counts(pod: Pod, allocated: int) -> dict[str, int]:
     injected = [name.strip() for name in (pod.annotations.get(INJECT_CONTAINER) or "").split(",")]
     names = [name for name in injected if name] or [c.name for c in pod.containers[:1]]
     return dict.fromkeys(names, allocated)
-
-
-def _count(raw: str | None) -> int:
-    if raw is None or not raw.strip():
-        return 1
-    try:
-        count = int(raw)
-    except ValueError:
-        count = 0
-    if not 1 <= count <= MAX_GPU_COUNT:
-        raise PodRequestError(f"annotation {GPU_COUNT}: {raw!r} is not a GPU count; use 1..{MAX_GPU_COUNT}")
-    return count
-
-
-def _indices(raw: str | None) -> tuple[int, ...]:
-    if raw is None or not raw.strip():
-        return ()
-    try:
-        indices = tuple(int(part) for part in raw.split(",") if part.strip())
-    except ValueError:
-        indices = (-1,)
-    if any(i < 0 for i in indices) or len(set(indices)) != len(indices):
-        raise PodRequestError(
-            f"annotation {GPU_INDICES}: {raw!r} is not a list of device indices; use distinct "
-            "indices >= 0, e.g. 0,1"
-        )
-    return indices
-
-
-def _pair(
-    annotations: Mapping[str, str],
-    request_key: str,
-    limit_key: str,
-    parse: Callable[[str], int],
-    example: str,
-) -> tuple[int, int]:
-    values: list[int | None] = []
-    for key in (request_key, limit_key):
-        raw = annotations.get(key)
-        if raw is None or not raw.strip():
-            values.append(None)
-            continue
-        try:
-            values.append(int(parse(raw)))
-        except (QuantityError, ValueError) as error:
-            raise PodRequestError(
-                f"annotation {key}: {raw!r} is not a quantity ({error}); e.g. {example}"
-            ) from None
-    request, limit = values
-    request = request if request is not None else (limit or 0)
-    limit = limit if limit is not None else request
-    if limit < request:
-        raise PodRequestError(f"annotation {limit_key}: below {request_key}; set the limit >= the request")
-    return request, limit
-
-
-def _percent(annotations: Mapping[str, str], key: str) -> int | None:
-    raw = annotations.get(key)
-    if raw is None or not raw.strip():
-        return None
-    try:
-        value = int(raw.strip().rstrip("%"))
-    except ValueError:
-        value = -1
-    if not 0 <= value <= 100:
-        raise PodRequestError(f"annotation {key}: {raw!r} is not a percent of a GPU; use 0..100, e.g. 50")
-    return value
-
-
-def _choice(annotations: Mapping[str, str], key: str, allowed: tuple[str, ...], default: str) -> str:
-    raw = annotations.get(key)
-    if raw is None or not raw.strip():
-        return default
-    if raw not in allowed:
-        raise PodRequestError(f"annotation {key}: {raw!r} is not one of {', '.join(allowed)}")
-    return raw
 
 
 def _duration_s(raw: str | None) -> int:

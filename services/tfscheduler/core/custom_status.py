@@ -15,9 +15,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from tfcommon.placement.from_ledger import GpuFacts, NodeFacts
 from tfcommon.quantities import format_bytes, format_milli
-
-from tfscheduler.core.view import GpuFacts, NodeFacts
 
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 Status = dict[str, Any]

@@ -24,6 +24,7 @@ from typing import Any, Protocol
 
 from tfcommon.events import GpuRequest
 from tfcommon.placement import Placement
+from tfcommon.placement.from_ledger import AllocationFacts
 from tfcommon.quantities import format_bytes, format_milli
 from tfcommon.quota import (
     DEFAULT_ALERT_THRESHOLD_PERCENT,
@@ -36,8 +37,6 @@ from tfcommon.quota import (
     parse_quota,
     with_defaults,
 )
-
-from tfscheduler.core.view import AllocationFacts
 
 __all__ = [
     "DEFAULT_ALERT_THRESHOLD_PERCENT",

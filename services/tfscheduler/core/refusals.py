@@ -14,9 +14,8 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping, Sequence
 
 from tfcommon.placement import Gpu, PlacementRequest
+from tfcommon.placement.from_ledger import GpuFacts, placement_gpu
 from tfcommon.quantities import format_bytes
-
-from tfscheduler.core.view import GpuFacts, placement_gpu
 
 
 def unknown_pool(pool: str, known: Collection[str]) -> str | None:

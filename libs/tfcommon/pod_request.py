@@ -1,0 +1,146 @@
+"""A GPU pod's request, read from the `tensor-fusion.ai/*` annotations the admission webhook wrote.
+
+Pure. The scheduler reads a pending pod with it to place the pod; the defrag planner reads a running pod
+with it to size the same pod the same way when it plans a move. Reads `gpupool` (annotation, else
+label), `gpu-count`, `gpu-indices`, `tflops-request`/`-limit`, `vram-request`/`-limit`,
+`compute-percent-request`/`-limit`, `gpu-model`, `qos` and `isolation`. An annotation that cannot be read
+raises `PodRequestError`, whose message names the annotation and a valid value.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import cast, get_args
+
+from tfcommon.cluster.model import Pod
+from tfcommon.events import GpuRequest, IsolationMode, QosLevel
+from tfcommon.quantities import QuantityError, parse_bytes, parse_milli
+
+PREFIX = "tensor-fusion.ai/"
+GPUPOOL = PREFIX + "gpupool"
+GPU_COUNT = PREFIX + "gpu-count"
+GPU_INDICES = PREFIX + "gpu-indices"
+GPU_MODEL = PREFIX + "gpu-model"
+TFLOPS_REQUEST = PREFIX + "tflops-request"
+TFLOPS_LIMIT = PREFIX + "tflops-limit"
+VRAM_REQUEST = PREFIX + "vram-request"
+VRAM_LIMIT = PREFIX + "vram-limit"
+PERCENT_REQUEST = PREFIX + "compute-percent-request"
+PERCENT_LIMIT = PREFIX + "compute-percent-limit"
+QOS = PREFIX + "qos"
+ISOLATION = PREFIX + "isolation"
+
+MAX_GPU_COUNT = 128
+
+
+class PodRequestError(ValueError):
+    """A pod's `tensor-fusion.ai/*` annotation cannot be read; the message names it and the fix."""
+
+
+def gpu_indices_of(pod: Pod) -> tuple[int, ...]:
+    """The device indices the pod pins (`gpu-indices`), empty when it pins none."""
+    raw = pod.annotations.get(GPU_INDICES)
+    if raw is None or not raw.strip():
+        return ()
+    try:
+        indices = tuple(int(part) for part in raw.split(",") if part.strip())
+    except ValueError:
+        indices = (-1,)
+    if any(i < 0 for i in indices) or len(set(indices)) != len(indices):
+        raise PodRequestError(
+            f"annotation {GPU_INDICES}: {raw!r} is not a list of device indices; use distinct "
+            "indices >= 0, e.g. 0,1"
+        )
+    return indices
+
+
+def gpu_request_of(pod: Pod, *, default_pool: str = "default") -> GpuRequest:
+    """What the pod asks for, per GPU: a limit without its request is the request too, a percent limit
+    without a percent request is the percent request; raises `PodRequestError`."""
+    annotations = pod.annotations
+    indices = gpu_indices_of(pod)
+    count = len(indices) if indices else _count(annotations.get(GPU_COUNT))
+    tflops_request, tflops_limit = _pair(annotations, TFLOPS_REQUEST, TFLOPS_LIMIT, parse_milli, "20")
+    vram_request, vram_limit = _pair(annotations, VRAM_REQUEST, VRAM_LIMIT, parse_bytes, "16Gi")
+    percent_request = _percent(annotations, PERCENT_REQUEST)
+    percent_limit = _percent(annotations, PERCENT_LIMIT)
+    if percent_request is None:
+        percent_request = percent_limit
+    if percent_request is not None and (tflops_request or tflops_limit):
+        raise PodRequestError(
+            f"annotations {PERCENT_REQUEST} and {TFLOPS_REQUEST}: give compute as TFLOPS or as percent, "
+            "not both"
+        )
+    return GpuRequest(
+        pool=annotations.get(GPUPOOL) or pod.labels.get(GPUPOOL) or default_pool,
+        gpu_count=count,
+        tflops_request_milli=tflops_request,
+        tflops_limit_milli=tflops_limit,
+        vram_request_bytes=vram_request,
+        vram_limit_bytes=vram_limit,
+        compute_percent_request=percent_request,
+        gpu_model=annotations.get(GPU_MODEL) or None,
+        qos=cast(QosLevel, _choice(annotations, QOS, get_args(QosLevel), "medium")),
+        isolation=cast(IsolationMode, _choice(annotations, ISOLATION, get_args(IsolationMode), "soft")),
+    )
+
+
+def _count(raw: str | None) -> int:
+    if raw is None or not raw.strip():
+        return 1
+    try:
+        count = int(raw)
+    except ValueError:
+        count = 0
+    if not 1 <= count <= MAX_GPU_COUNT:
+        raise PodRequestError(f"annotation {GPU_COUNT}: {raw!r} is not a GPU count; use 1..{MAX_GPU_COUNT}")
+    return count
+
+
+def _pair(
+    annotations: Mapping[str, str],
+    request_key: str,
+    limit_key: str,
+    parse: Callable[[str], int],
+    example: str,
+) -> tuple[int, int]:
+    values: list[int | None] = []
+    for key in (request_key, limit_key):
+        raw = annotations.get(key)
+        if raw is None or not raw.strip():
+            values.append(None)
+            continue
+        try:
+            values.append(int(parse(raw)))
+        except (QuantityError, ValueError) as error:
+            raise PodRequestError(
+                f"annotation {key}: {raw!r} is not a quantity ({error}); e.g. {example}"
+            ) from None
+    request, limit = values
+    request = request if request is not None else (limit or 0)
+    limit = limit if limit is not None else request
+    if limit < request:
+        raise PodRequestError(f"annotation {limit_key}: below {request_key}; set the limit >= the request")
+    return request, limit
+
+
+def _percent(annotations: Mapping[str, str], key: str) -> int | None:
+    raw = annotations.get(key)
+    if raw is None or not raw.strip():
+        return None
+    try:
+        value = int(raw.strip().rstrip("%"))
+    except ValueError:
+        value = -1
+    if not 0 <= value <= 100:
+        raise PodRequestError(f"annotation {key}: {raw!r} is not a percent of a GPU; use 0..100, e.g. 50")
+    return value
+
+
+def _choice(annotations: Mapping[str, str], key: str, allowed: tuple[str, ...], default: str) -> str:
+    raw = annotations.get(key)
+    if raw is None or not raw.strip():
+        return default
+    if raw not in allowed:
+        raise PodRequestError(f"annotation {key}: {raw!r} is not one of {', '.join(allowed)}")
+    return raw
