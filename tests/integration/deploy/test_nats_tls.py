@@ -2,7 +2,8 @@
 
 With the CA the bus connects, checks the server's name and publishes to JetStream; without it, with
 another CA, by a name the certificate does not list, or to a server without TLS, it stops at once with
-`NatsTlsError` naming the setting to fix, instead of retrying forever. A server that verifies clients
+`NatsTlsError` naming the setting to fix, instead of retrying forever (a service's start-up fails
+with that line; with the CA it becomes ready). A server that verifies clients
 takes the bus with a client certificate its CA signed and refuses it without one. The Helm chart's
 `nats.tls.enabled`: a nats-server run with the chart's own TLS arguments and generated certificate
 takes a client that checks the name the services connect by against the CA they mount.
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import os
 import ssl
 import subprocess
@@ -21,6 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx
 import nats
 import pytest
 import yaml
@@ -30,7 +33,8 @@ from tfcommon.infra import free_port, nats_server_binary, stop_process, wait_for
 from tfcommon.kube_local.helm import ensure_helm
 from tfcommon.kube_local.pki import KeyPair
 from tfcommon.nats_tls import NatsTlsError, client_context
-from tfcommon.settings import NatsSettings
+from tfcommon.runtime import ServiceSpec, StartupError, no_components, serve
+from tfcommon.settings import DatabaseSettings, NatsSettings, SchedulerSettings
 from tfcommon.subjects import EVENTS, EVENTS_STREAM, provision
 from tfctl.bus_client import NatsUnreachableError
 from tfctl.bus_client import connect as tfctl_connect
@@ -227,3 +231,33 @@ async def test_the_charts_nats_tls_takes_a_client_checking_the_services_name(
     await client.close()
     with pytest.raises(ssl.SSLCertVerificationError, match="mismatch"):
         await nats.connect(url, tls=tls, tls_hostname="nats.elsewhere", allow_reconnect=False)
+
+
+async def test_a_service_started_without_the_ca_stops_naming_the_setting(
+    authority: TestAuthority, tls_port: int, migrated_database_url: str
+) -> None:
+    url = f"nats://127.0.0.1:{tls_port}"
+
+    def spec(nats_settings: NatsSettings) -> ServiceSpec[SchedulerSettings]:
+        settings = SchedulerSettings(nats=nats_settings, database=DatabaseSettings(url=migrated_database_url))
+        return ServiceSpec(
+            name="scheduler", settings=settings, port=free_port(), host="127.0.0.1", compose=no_components
+        )
+
+    async with asyncio.timeout(REFUSED_WITHIN_S):
+        with pytest.raises(StartupError, match=r"certificate was refused.*set TF_NATS_TLS_CA_FILE"):
+            await serve(spec(NatsSettings(url=url)), stop=asyncio.Event())
+    with_ca = spec(NatsSettings(url=url, tls_ca_file=authority.ca.cert_file))
+    stop = asyncio.Event()
+    service = asyncio.create_task(serve(with_ca, stop=stop))
+    try:
+        async with asyncio.timeout(30), httpx.AsyncClient(timeout=2) as client:
+            while True:
+                with contextlib.suppress(httpx.TransportError):
+                    if (await client.get(f"http://127.0.0.1:{with_ca.port}/readyz")).status_code == 200:
+                        break
+                assert not service.done(), service.exception()
+                await asyncio.sleep(0.1)
+    finally:
+        stop.set()
+        await service
