@@ -396,6 +396,15 @@ def _gpu_count(
         if not text.strip().isdigit() or not 1 <= int(text) <= MAX_GPU_COUNT:
             raise AdmissionDeniedError(f"annotation {GPU_COUNT}: {text!r} is not {example}")
         return int(text)
+    written = _written_container_counts(annotations, injected)
+    if written is not None:
+        total = sum(written.values())
+        if total > MAX_GPU_COUNT:
+            raise AdmissionDeniedError(
+                f"annotation {CONTAINER_GPU_COUNT}: its counts add up to {total} GPUs, above "
+                f"{MAX_GPU_COUNT}; lower the counts to add up to at most {MAX_GPU_COUNT}"
+            )
+        return total
     total = sum(count for name, (_, count) in native.items() if name in injected)
     if total > MAX_GPU_COUNT:
         raise AdmissionDeniedError(
@@ -429,22 +438,37 @@ def _injected_containers(
     )
 
 
+def _written_container_counts(annotations: Mapping[str, str], injected: list[str]) -> dict[str, int] | None:
+    """The pod's own `container-gpu-count` when it gives every injected container, and only those, a
+    positive count (as the webhook wrote it at an earlier admission); else None."""
+    existing = annotations.get(CONTAINER_GPU_COUNT)
+    if existing is None:
+        return None
+    try:
+        parsed = json.loads(existing)
+    except ValueError:
+        return None
+    if (
+        isinstance(parsed, dict)
+        and set(parsed) == set(injected)
+        and all(type(value) is int and value > 0 for value in parsed.values())
+    ):
+        return {str(name): int(value) for name, value in parsed.items()}
+    return None
+
+
 def _container_gpu_counts(
     annotations: Mapping[str, str], native: Mapping[str, tuple[str, int]], injected: list[str], count: int
 ) -> str:
-    existing = annotations.get(CONTAINER_GPU_COUNT)
-    if existing is not None:
-        try:
-            parsed = json.loads(existing)
-        except ValueError:
-            parsed = None
-        if (
-            isinstance(parsed, dict)
-            and set(parsed) == set(injected)
-            and all(type(value) is int and value > 0 for value in parsed.values())
-        ):
-            return existing
+    """How many of the pod's `count` GPUs each injected container sees: the pod's own split, else each
+    container's native limit (a container with none sees them all). A split whose counts add up to
+    fewer than `count` would reserve GPUs no container sees: then every container sees all of them."""
+    written = _written_container_counts(annotations, injected)
+    if written is not None and sum(written.values()) >= count:
+        return annotations[CONTAINER_GPU_COUNT]
     by_container = {name: native[name][1] if name in native else count for name in injected}
+    if sum(by_container.values()) < count:
+        by_container = dict.fromkeys(injected, count)
     if len(by_container) == 1 and _PLAIN_JSON_STRING.fullmatch(injected[0]):
         return f'{{"{injected[0]}":{by_container[injected[0]]}}}'  # what json.dumps writes, cheaper
     return json.dumps(by_container, separators=(",", ":"), sort_keys=True)

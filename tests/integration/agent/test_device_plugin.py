@@ -5,21 +5,29 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
 from tfagent.core.deviceplugin import LimiterLibrary
 from tfagent.deviceplugin import api_pb2
 from tfagent.deviceplugin.server import KUBELET_SOCKET, DevicePlugins, serve_device_plugins
+from tfcommon.cluster.manifests import pod_from_manifest
 from tfcommon.cluster.model import ContainerResources, Pod
+from tfcommon.config import parse_config
 from tfcommon.device_slots import INDEX_RESOURCES, POD_INDEX_ANNOTATION, container_request
+from tfscheduler.core.binding import bind_annotations
+from tfwebhook.core.admission import AdmissionContext, Admitted, admit
+from tfwebhook.testing import a_gpu_container, apply
+from tfwebhook.testing import a_pod as a_pod_manifest
 
 pytestmark = pytest.mark.integration
 
 GPU_A = "gpu-0a0a0a0a-1111-4000-8000-000000000001"
 GPU_B = "gpu-0b0b0b0b-2222-4000-8000-000000000002"
+GPU_C = "gpu-0c0c0c0c-3333-4000-8000-000000000003"
 H100_MILLI = 989_400
 
 
@@ -236,6 +244,69 @@ async def test_each_container_gets_its_own_gpus_from_container_gpus_and_a_retry_
     assert trainer.container_responses[0].envs["NVIDIA_VISIBLE_DEVICES"] == f"GPU-{GPU_A[4:]}"
     assert retried.container_responses[0].envs["NVIDIA_VISIBLE_DEVICES"] == f"GPU-{GPU_A[4:]}"
     assert evaluator.container_responses[0].envs["NVIDIA_VISIBLE_DEVICES"] == f"GPU-{GPU_B[4:]}"
+
+
+def visible_gpus(response: api_pb2.AllocateResponse) -> list[str]:
+    """The GPU UUIDs (our lower-case spelling) in the one container's `NVIDIA_VISIBLE_DEVICES`."""
+    (container,) = response.container_responses
+    visible = container.envs["NVIDIA_VISIBLE_DEVICES"]
+    return [f"gpu-{uuid.removeprefix('GPU-')}" for uuid in visible.split(",")]
+
+
+NATIVE_ONE_AND_TWO = a_pod_manifest(
+    containers=[
+        a_gpu_container("loader", {"nvidia.com/gpu": 1}),
+        a_gpu_container("trainer", {"nvidia.com/gpu": 2}),
+    ]
+)
+ANNOTATED_ONE_AND_TWO = a_pod_manifest(
+    labels={"tensor-fusion.ai/enabled": "true"},
+    annotations={
+        "tensor-fusion.ai/isolation": "shared",
+        "tensor-fusion.ai/inject-container": "loader,trainer",
+        "tensor-fusion.ai/container-gpu-count": '{"loader":1,"trainer":2}',
+    },
+    containers=[{"name": "loader", "image": "img"}, {"name": "trainer", "image": "img"}],
+)
+
+
+@pytest.mark.parametrize(
+    "manifest",
+    [
+        pytest.param(NATIVE_ONE_AND_TWO, id="native-limits-migrated"),
+        pytest.param(ANNOTATED_ONE_AND_TWO, id="container-gpu-count-annotation"),
+    ],
+)
+async def test_containers_asking_for_one_and_two_gpus_each_get_that_many_cards_of_their_own(
+    node: Node, manifest: dict[str, Any]
+) -> None:
+    """The whole path a pod takes: the webhook converts it (native limits 1 and 2 under automatic
+    migration, or its own `container-gpu-count`), the scheduler's Binding annotations split its 3 GPUs,
+    and the kubelet allocates each container over gRPC."""
+    migrating = parse_config(
+        "dynamicConfig: {autoMigration: {enable: true, scope: {includes: {namespaceNames: [ml-team-a]}}}}"
+    )
+    verdict = admit(manifest, AdmissionContext(migrating, pod_index=21))
+    assert isinstance(verdict, Admitted), verdict
+    assert verdict.request is not None, verdict.reason
+    assert verdict.request.gpu_count == 3
+    admitted = pod_from_manifest(apply(manifest, verdict.patch))
+    bound = replace(
+        admitted,
+        uid="uid-native-split",
+        node_name="node-a",
+        annotations={**admitted.annotations, **bind_annotations(admitted, [GPU_A, GPU_B, GPU_C])},
+    )
+    node.pods.append(bound)
+    resource_name, count = container_request(21)
+    device_ids = [d.ID for d in await node.kubelet.list_devices(resource_name)]
+
+    loader = visible_gpus(await node.kubelet.allocate(resource_name, device_ids[:count]))
+    trainer = visible_gpus(await node.kubelet.allocate(resource_name, device_ids[count : 2 * count]))
+
+    assert (len(loader), len(trainer)) == (1, 2)
+    assert len({*loader, *trainer}) == 3
+    assert {*loader, *trainer} == {GPU_A, GPU_B, GPU_C}
 
 
 async def test_an_unknown_pod_index_is_refused_with_a_message_the_kubelet_shows(node: Node) -> None:

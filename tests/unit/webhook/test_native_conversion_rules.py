@@ -214,7 +214,7 @@ def test_difference_a_gpu_count_annotation_does_not_stop_the_conversion() -> Non
     containers = (a_gpu_container("app"), {"name": "log", "image": "img"})
     verdict, pod = converted(native_pod(*containers, isolation="soft", gpu_count="2"))
     annotations = written(pod)
-    assert (annotations["inject-container"], annotations["container-gpu-count"]) == ("app", '{"app":1}')
+    assert (annotations["inject-container"], annotations["container-gpu-count"]) == ("app", '{"app":2}')
     assert verdict.request is not None
     assert (verdict.request.gpu_count, verdict.request.compute_percent_request) == (2, 100)
 
