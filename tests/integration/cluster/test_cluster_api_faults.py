@@ -187,12 +187,21 @@ def with_replica_accounts(objects: list[dict[str, Any]]) -> list[dict[str, Any]]
     return chosen + accounts
 
 
+SHARED_KINDS = ("CustomResourceDefinition", "PriorityClass", "Namespace")
+
+
 @pytest.fixture
-def production_rbac(admin: Admin) -> Admin:
-    """The production identities and RBAC applied, and no scheduler Lease left by an earlier test."""
-    admin.apply(with_replica_accounts(production_objects(admin)))
+def production_rbac(admin: Admin) -> Iterator[Admin]:
+    """The production identities and RBAC applied, and no scheduler Lease left by an earlier test;
+    afterwards every applied object but the CRDs, PriorityClasses and Namespaces is deleted again, so a
+    later suite on this control plane (`helm install`) finds no ClusterRole it does not own."""
+    objects = with_replica_accounts(production_objects(admin))
+    admin.apply(objects)
     admin.api.delete(f"/apis/coordination.k8s.io/v1/namespaces/{SYSTEM_NAMESPACE}/leases/tfpool-scheduler")
-    return admin
+    yield admin
+    owned = [document for document in objects if document["kind"] not in SHARED_KINDS]
+    text = "".join(f"---\n{json.dumps(document)}\n" for document in owned)
+    admin.kubectl("delete", "--ignore-not-found", "-f", "-", stdin=text)
 
 
 # -- the scheduler as a process --------------------------------------------------------------------
