@@ -15,18 +15,15 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
-import psycopg
 import pytest
-from sqlalchemy.engine import make_url
+from support.scratch_database import scratch_database
 from tfcommon import subjects
 from tfcommon.bus import NatsEventBus
 from tfcommon.infra import EmbeddedNats, EmbeddedPostgres
 from tfcommon.kube_local import LocalKubernetes, ensure_binaries
-from tfcommon.ledger.migrate import upgrade_head
 
 BusOf = Callable[[str], contextlib.AbstractAsyncContextManager[NatsEventBus]]
 
@@ -67,23 +64,11 @@ def postgres_server_url() -> Iterator[str]:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def _conninfo(url: str) -> str:
-    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
-
-
 @pytest.fixture
 def migrated_database_url(postgres_server_url: str) -> Iterator[str]:
     """A new database on the session's Postgres at the ledger's newest migration; dropped after the test."""
-    name = f"test_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(_conninfo(postgres_server_url), autocommit=True) as connection:
-        connection.execute(f'CREATE DATABASE "{name}"')
-    url = make_url(postgres_server_url).set(database=name).render_as_string(hide_password=False)
-    upgrade_head(url)
-    try:
+    with scratch_database(postgres_server_url) as url:
         yield url
-    finally:
-        with psycopg.connect(_conninfo(postgres_server_url), autocommit=True) as connection:
-            connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @pytest.fixture(scope="session")

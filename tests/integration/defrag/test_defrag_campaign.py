@@ -4,13 +4,12 @@ come, a restart in the middle, one campaign per pool across replicas, and the an
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Awaitable, Callable
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 from defrag_scenario import CONFIG, LocalSeed, Scenario, StandInScheduler, build_scenario, running, utc_now
+from support.polling import eventually
 from tfcommon.cluster import Evicted, EvictionResult
 from tfcommon.cluster.local import LocalCluster
 from tfcommon.ledger.sql import SqlLedger
@@ -19,19 +18,6 @@ from tfdefrag.store import CampaignBusyError
 pytestmark = pytest.mark.integration
 
 EVICTED = "tf.evt.pod.evicted"
-T = TypeVar("T")
-
-
-async def eventually(probe: Callable[[], Awaitable[T | None]], timeout_s: float = 20.0) -> T:
-    """Poll `probe` until it returns something other than None; fail after `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        result = await probe()
-        if result is not None:
-            return result
-        if time.monotonic() > deadline:
-            pytest.fail(f"condition not met within {timeout_s}s")
-        await asyncio.sleep(0.02)
 
 
 async def local_scenario(ledger: SqlLedger, **kwargs: Any) -> tuple[Scenario, LocalSeed]:
@@ -172,7 +158,7 @@ async def test_two_replicas_never_run_one_pool_at_once(ledger: SqlLedger) -> Non
     first = asyncio.create_task(
         scenario.executor(replacement_timeout_s=30).run(scenario.pool, CONFIG, trigger="manual")
     )
-    await eventually(lambda: scenario.store.running_campaign(scenario.pool))
+    await eventually(lambda: scenario.store.running_campaign(scenario.pool), every_s=0.02)
 
     with pytest.raises(CampaignBusyError, match=scenario.pool):
         await scenario.executor().run(scenario.pool, CONFIG, trigger="manual")

@@ -9,13 +9,12 @@ import asyncio
 import base64
 import json
 import re
-import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import httpx
 import jsonpatch
@@ -24,12 +23,14 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import create_async_engine
+from support.clocks import SteppedClock
+from support.polling import eventually
+from support.scratch_database import libpq_conninfo, scratch_database
 from tfcommon import subjects
 from tfcommon.bus import NatsEventBus
 from tfcommon.config import ConfigSource, parse_config
 from tfcommon.events import GpuUsageReported, WorkerUsage, WorkloadRef
 from tfcommon.infra import free_port
-from tfcommon.ledger.migrate import upgrade_head
 from tfcommon.ledger.recommendations import RecommendationCache, RecommendationStore
 from tfcommon.ledger.records import GpuSpec, NodeSpec, QoS, ReservationRequest, Reserved, ShareRequest
 from tfcommon.ledger.sql import SqlLedger
@@ -48,7 +49,6 @@ pytestmark = pytest.mark.integration
 MIB = 1024**2
 GIB = 1024**3
 T0 = datetime(2026, 1, 5, 8, 0, tzinfo=UTC)
-T = TypeVar("T")
 
 CONFIG = """
 gpuPools:
@@ -67,21 +67,9 @@ gpuPools:
 """
 
 
-def _conninfo(url: str) -> str:
-    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
-
-
 def a_database(postgres_server_url: str) -> Iterator[str]:
-    name = f"metrics_rec_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(_conninfo(postgres_server_url), autocommit=True) as connection:
-        connection.execute(f'CREATE DATABASE "{name}"')
-    url = make_url(postgres_server_url).set(database=name).render_as_string(hide_password=False)
-    upgrade_head(url)
-    try:
+    with scratch_database(postgres_server_url, "metrics_rec") as url:
         yield url
-    finally:
-        with psycopg.connect(_conninfo(postgres_server_url), autocommit=True) as connection:
-            connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @pytest.fixture(scope="module")
@@ -94,25 +82,6 @@ def database_url(postgres_server_url: str) -> Iterator[str]:
 def quiet_database_url(postgres_server_url: str) -> Iterator[str]:
     """A ledger no service writes to."""
     yield from a_database(postgres_server_url)
-
-
-async def eventually(probe: Callable[[], Awaitable[T | None]], timeout_s: float = 20.0) -> T:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        result = await probe()
-        if result is not None:
-            return result
-        if time.monotonic() > deadline:
-            pytest.fail(f"condition not met within {timeout_s}s")
-        await asyncio.sleep(0.05)
-
-
-class SteppedClock:
-    def __init__(self, now: datetime) -> None:
-        self.now = now
-
-    def __call__(self) -> datetime:
-        return self.now
 
 
 def holding(
@@ -535,7 +504,7 @@ async def test_the_dashboard_shows_the_running_defrag_campaign_and_the_last_resu
     started = datetime(2026, 12, 1, 2, 0, tzinfo=UTC)
 
     def record_campaigns() -> None:
-        with psycopg.connect(_conninfo(stack["database_url"]), autocommit=True) as connection:
+        with psycopg.connect(libpq_conninfo(stack["database_url"]), autocommit=True) as connection:
             connection.execute(
                 "INSERT INTO defrag_campaign (id, pool_name, trigger, state, started_at, finished_at,"
                 " outcome, drained_nodes, failed_nodes, skipped_nodes, pods_evicted, stranded_pods)"

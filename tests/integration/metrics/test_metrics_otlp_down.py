@@ -14,13 +14,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
-import psycopg
 import pytest
-from sqlalchemy.engine import make_url
+from support.scratch_database import scratch_database
 from tfcommon.bus import NatsEventBus
 from tfcommon.events import GpuUsageReported
 from tfcommon.infra import free_port
-from tfcommon.ledger.migrate import upgrade_head
 
 pytestmark = pytest.mark.integration
 
@@ -28,22 +26,10 @@ DEADLINE_S = 60.0
 EXPORT_FAILED = ("while exporting spans batch", "Failed to export spans batch")
 
 
-def _conninfo(url: str) -> str:
-    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
-
-
 @pytest.fixture(scope="module")
 def database_url(postgres_server_url: str) -> Iterator[str]:
-    name = f"metrics_otlp_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(_conninfo(postgres_server_url), autocommit=True) as connection:
-        connection.execute(f'CREATE DATABASE "{name}"')
-    url = make_url(postgres_server_url).set(database=name).render_as_string(hide_password=False)
-    upgrade_head(url)
-    try:
+    with scratch_database(postgres_server_url, "metrics_otlp") as url:
         yield url
-    finally:
-        with psycopg.connect(_conninfo(postgres_server_url), autocommit=True) as connection:
-            connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 async def status_of(url: str) -> int | None:

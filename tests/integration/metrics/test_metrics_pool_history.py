@@ -6,16 +6,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any
 
 import httpx
 import psycopg
 import pytest
-from sqlalchemy.engine import make_url
+from support.clocks import SteppedClock
+from support.polling import eventually
+from support.scratch_database import libpq_conninfo
 from tfcommon.events import WorkloadRef
 from tfcommon.infra import free_port
 from tfcommon.ledger.records import GpuSpec, NodeSpec, ReservationRequest, Reserved, ShareRequest
@@ -29,35 +30,11 @@ pytestmark = pytest.mark.integration
 GIB = 1024**3
 T0 = datetime(2026, 12, 1, 0, 0, tzinfo=UTC)
 HOUR = timedelta(hours=1)
-T = TypeVar("T")
-
-
-def _conninfo(url: str) -> str:
-    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
 
 
 @pytest.fixture
 def database_url(migrated_database_url: str) -> str:
     return migrated_database_url
-
-
-class SteppedClock:
-    def __init__(self, now: datetime) -> None:
-        self.now = now
-
-    def __call__(self) -> datetime:
-        return self.now
-
-
-async def eventually(probe: Callable[[], Awaitable[T | None]], timeout_s: float = 20.0) -> T:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        result = await probe()
-        if result is not None:
-            return result
-        if time.monotonic() > deadline:
-            pytest.fail(f"condition not met within {timeout_s}s")
-        await asyncio.sleep(0.05)
 
 
 @contextlib.asynccontextmanager
@@ -124,13 +101,13 @@ def epoch_ms(moment: datetime) -> int:
 
 
 def stored_sample_times(database_url: str) -> list[datetime]:
-    with psycopg.connect(_conninfo(database_url)) as connection:
+    with psycopg.connect(libpq_conninfo(database_url)) as connection:
         rows = connection.execute("SELECT sampled_at FROM metrics_pool_sample ORDER BY sampled_at").fetchall()
     return [row[0] for row in rows]
 
 
 def a_defrag_campaign(database_url: str, started: datetime, minutes: int) -> None:
-    with psycopg.connect(_conninfo(database_url), autocommit=True) as connection:
+    with psycopg.connect(libpq_conninfo(database_url), autocommit=True) as connection:
         connection.execute(
             "INSERT INTO defrag_campaign (id, pool_name, trigger, state, started_at, finished_at, outcome,"
             " drained_nodes, failed_nodes, skipped_nodes, pods_evicted, stranded_pods)"

@@ -5,23 +5,22 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import httpx
-import psycopg
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from sqlalchemy.engine import make_url
+from support.clocks import SteppedClock
+from support.polling import eventually
+from support.scratch_database import scratch_database
 from tfcommon.bus import NatsEventBus
 from tfcommon.events import GpuUsage, GpuUsageReported, WorkloadRef
 from tfcommon.infra import free_port
-from tfcommon.ledger.migrate import upgrade_head
 from tfcommon.ledger.records import GpuSpec, NodeSpec, ReservationRequest, Reserved, ShareRequest
 from tfcommon.ledger.sql import SqlLedger
 from tfcommon.runtime import serve
@@ -34,7 +33,6 @@ pytestmark = pytest.mark.integration
 GIB = 1024**3
 T0 = datetime(2026, 1, 5, 8, 0, tzinfo=UTC)
 HOUR = timedelta(hours=1)
-T = TypeVar("T")
 
 CONFIG = """
 gpuPools:
@@ -56,41 +54,10 @@ gpuPools:
 """
 
 
-def _conninfo(url: str) -> str:
-    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
-
-
 @pytest.fixture(scope="module")
 def database_url(postgres_server_url: str) -> Iterator[str]:
-    name = f"metrics_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(_conninfo(postgres_server_url), autocommit=True) as connection:
-        connection.execute(f'CREATE DATABASE "{name}"')
-    url = make_url(postgres_server_url).set(database=name).render_as_string(hide_password=False)
-    upgrade_head(url)
-    try:
+    with scratch_database(postgres_server_url, "metrics") as url:
         yield url
-    finally:
-        with psycopg.connect(_conninfo(postgres_server_url), autocommit=True) as connection:
-            connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
-class SteppedClock:
-    def __init__(self, now: datetime) -> None:
-        self.now = now
-
-    def __call__(self) -> datetime:
-        return self.now
-
-
-async def eventually(probe: Callable[[], Awaitable[T | None]], timeout_s: float = 20.0) -> T:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        result = await probe()
-        if result is not None:
-            return result
-        if time.monotonic() > deadline:
-            pytest.fail(f"condition not met within {timeout_s}s")
-        await asyncio.sleep(0.05)
 
 
 async def a_workload_held(

@@ -6,15 +6,15 @@ from __future__ import annotations
 import asyncio
 import socket
 import ssl
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import httpx
 import pytest
 from fastapi import APIRouter
+from support.polling import eventually
 from tfcommon.infra import EmbeddedNats, free_port
 from tfcommon.runtime import (
     Components,
@@ -27,20 +27,6 @@ from tfcommon.runtime import (
 from tfcommon.settings import DatabaseSettings, NatsSettings, SchedulerSettings, WebhookSettings
 
 pytestmark = pytest.mark.integration
-
-T = TypeVar("T")
-
-
-async def eventually(probe: Callable[[], Awaitable[T | None]], timeout_s: float = 20.0) -> T:
-    """Poll `probe` until it returns something other than None; fail after `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        result = await probe()
-        if result is not None:
-            return result
-        if time.monotonic() > deadline:
-            pytest.fail(f"condition not met within {timeout_s}s")
-        await asyncio.sleep(0.05)
 
 
 @asynccontextmanager

@@ -6,16 +6,16 @@ import asyncio
 import base64
 import json
 import ssl
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 from uuid import uuid4
 
 import httpx
 import nats
 import pytest
 from nats.js.api import DeliverPolicy
+from support.polling import eventually
 from tfcommon.device_slots import container_request
 from tfcommon.events import PodAdmitted, decode
 from tfcommon.infra import free_port
@@ -26,19 +26,7 @@ from tfwebhook.app import build
 from tfwebhook.testing import a_gpu_container, a_pod, a_review
 
 pytestmark = pytest.mark.integration
-T = TypeVar("T")
 SUBJECT = "tf.evt.pod.admitted"
-
-
-async def eventually(probe: Callable[[], Awaitable[T | None]], timeout_s: float = 20.0) -> T:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        result = await probe()
-        if result is not None:
-            return result
-        if time.monotonic() > deadline:
-            pytest.fail(f"condition not met within {timeout_s}s")
-        await asyncio.sleep(0.05)
 
 
 def trusting(cert_file: Path) -> ssl.SSLContext:
