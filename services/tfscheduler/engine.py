@@ -63,8 +63,10 @@ from tfcommon.placement import (
     policy,
     prepare_policy_inputs,
 )
+from tfcommon.placement.gang import place_gang
 from tfcommon.placement.registry import POLICIES
 
+from tfscheduler.core.gang import GangCount, gang_reason, timed_out
 from tfscheduler.core.learning import RecentWorkload, same_target
 from tfscheduler.core.preemption import Candidate, NoPreemption, Priority, plan_preemption
 from tfscheduler.core.quota import (
@@ -488,6 +490,7 @@ class Scheduler:
                 }
                 entries, fresh = _first_entries(batch, stored)
                 self._learn([workload for workload, _cause in fresh])
+                fresh, gang_members = _split_gangs(fresh)
                 held_ids = {
                     workload.allocation_id
                     for workload, _cause in fresh
@@ -520,6 +523,7 @@ class Scheduler:
         if held:
             statuses.update(await self._place_batch(held, announce=True, owners=owners, holds_read=True))
         statuses.update(await self._place_alone(alone, announce=True, owners=owners))
+        statuses.update(await self._place_gangs(gang_members, announce=True))
         return entries, statuses
 
     async def retry_pending(self) -> int:
@@ -562,6 +566,7 @@ class Scheduler:
         after these entries were submitted). Call with the lock held."""
         owners = owners or {}
         statuses: dict[UUID, WorkloadStatus] = {}
+        entries, gang_members = _split_gangs(entries)
         if entries and not holds_read:  # a hold reserved a moment ago must be seen before its replacement
             await self._refresh_holds()
         if self.holds:
@@ -580,7 +585,138 @@ class Scheduler:
                 raise
             alone = await self._settle(tentative, results, alone, owners, statuses)
         statuses.update(await self._place_alone(alone, announce=announce, refreshed=refreshed, owners=owners))
+        statuses.update(await self._place_gangs(gang_members, announce=announce))
         return statuses
+
+    # ------------------------------------------------------------------------------------ gangs
+
+    async def _place_gangs(
+        self, members: list[tuple[StoredWorkload, UUID | None]], *, announce: bool
+    ) -> dict[UUID, WorkloadStatus]:
+        """Place the gangs of `members` (each gang whole: its other pending members too). Lock held."""
+        statuses: dict[UUID, WorkloadStatus] = {}
+        keys = dict.fromkeys(
+            stored.submission.gang.group_key for stored, _c in members if stored.submission.gang
+        )
+        for key in keys:
+            statuses.update(await self._place_gang(key, announce=announce))
+        return statuses
+
+    async def _place_gang(self, key: str, *, announce: bool) -> dict[UUID, WorkloadStatus]:
+        """Reserve the pending members of gang `key` together, in one ledger transaction, once at least
+        min-members of the gang (counting those placed) fit; otherwise reserve none and keep them
+        pending with the gang's numbers. Lock held."""
+        members = await self.store.gang_members(key)
+        pending = [member for member in members if member.state == "pending"]
+        if not pending:
+            return {}
+        gang = pending[0].submission.gang
+        assert gang is not None
+        placed = len(members) - len(pending)
+        expired = timed_out(gang, [member.submitted_at for member in pending], self.clock())
+        if len(members) < gang.min_members:
+            count = GangCount(live=len(members), placed=placed, fit=None)
+            return await self._gang_wait(pending, gang_reason(gang, count, expired=expired), announce)
+        if any(member.submission.workload.namespace in self.quotas for member in pending):
+            reason = (
+                f"gang {key}: gang placement in a namespace with a GPU quota is not supported; "
+                "remove tensor-fusion.ai/gang-enabled or the namespace's quota"
+            )
+            return await self._gang_wait(pending, reason, announce)
+        wanted: list[tuple[StoredWorkload, PlacementRequest]] = []
+        statuses: dict[UUID, WorkloadStatus] = {}
+        for member in pending:
+            workload = member.submission.workload
+            try:
+                wanted.append(
+                    (
+                        member,
+                        placement_request(
+                            f"{workload.namespace}/{workload.name}",
+                            member.submission.request,
+                            tolerations=member.submission.tolerations,
+                            node_selector=member.submission.node_selector,
+                        ),
+                    )
+                )
+            except PlacementRequestError as error:
+                statuses[member.allocation_id] = await self._refuse(member, str(error), None)
+        needed = max(gang.min_members - placed, 0)
+        outcome = place_gang(
+            wanted, self.view, self.profile(pending[0].submission.request.pool), needed=needed
+        )
+        if not outcome.enough:
+            count = GangCount(live=len(members), placed=placed, fit=outcome.fitted)
+            statuses.update(
+                await self._gang_wait(
+                    [member for member, _w in wanted], gang_reason(gang, count, expired=expired), announce
+                )
+            )
+            return statuses
+        reserved = await self._reserve_gang(key, outcome.placements) if outcome.placements else []
+        if reserved is None:
+            reason = f"gang {key}: the ledger refused part of the gang, so none of it was reserved; retrying"
+            statuses.update(await self._gang_wait([member for member, _w in wanted], reason, announce))
+            return statuses
+        for member, record in reserved:
+            self.active[record.allocation_id] = self._active(record, member)
+            statuses[record.allocation_id] = _placed_status(record)
+        left = [member for member, _rejection in outcome.rejections]
+        if left:
+            reason = (
+                f"gang {key}: {placed + len(reserved)} members are placed (min {gang.min_members}); "
+                "this one does not fit now"
+            )
+            statuses.update(await self._gang_wait(left, reason, announce))
+        if not reserved:
+            return statuses
+        log.info("gang placed", extra={"gang": key, "placed": len(reserved), "outcome": "placed"})
+        self.capacity_freed.set()  # the other members' callers (pods waiting in Kubernetes mode) look again
+        return statuses
+
+    async def _reserve_gang(
+        self, key: str, placements: Sequence[tuple[StoredWorkload, Placement]]
+    ) -> list[tuple[StoredWorkload, AllocationRecord]] | None:
+        """Reserve every placement of a gang in one ledger transaction, committed, and mark the members
+        placed in it; None, with nothing written and the view as before, when any one is refused."""
+        for _member, placement in placements:
+            self.view.apply(placement)
+        try:
+            async with self.ledger.transaction() as transaction:
+                results = await transaction.reserve_many(
+                    [
+                        _reservation(
+                            member.allocation_id, member.submission, member.submission.request, p, None
+                        )
+                        for member, p in placements
+                    ],
+                    commit=True,
+                    then=mark_placed([member.allocation_id for member, _p in placements], self.clock()),
+                )
+                if not all(isinstance(r, Reserved) and not r.replayed for r in results):
+                    raise _GangRefusedError(key)
+        except (_GangRefusedError, BatchAbandonedError) as error:
+            log.info("gang reservation refused; nothing reserved", extra={"gang": key, "error": str(error)})
+            for _member, placement in placements:
+                self.view.release(placement)
+            for node in sorted({placement.node for _member, placement in placements}):
+                await self._rebuild_node(node)
+            return None
+        except BaseException:
+            for _member, placement in placements:
+                self.view.release(placement)
+            raise
+        return [
+            (member, result.allocation)
+            for (member, _p), result in zip(placements, results, strict=True)
+            if isinstance(result, Reserved)
+        ]
+
+    async def _gang_wait(
+        self, members: list[StoredWorkload], reason: str, announce: bool
+    ) -> dict[UUID, WorkloadStatus]:
+        """Keep gang members pending with `reason` (announced when asked or when the reason changed)."""
+        return await self._wait_many([(member, None, reason, None) for member in members], announce)
 
     def _tentatives(
         self, entries: list[tuple[StoredWorkload, UUID | None]]
@@ -673,7 +809,7 @@ class Scheduler:
             return await self._place_batch(
                 alone, announce=announce, refreshed=True, owners=owners, holds_read=True
             )
-        waiting: list[tuple[StoredWorkload, UUID | None, str, Rejection]] = []
+        waiting: list[tuple[StoredWorkload, UUID | None, str, Rejection | None]] = []
         for stored, cause in alone:
             verdict = self._unplaceable(stored)
             if verdict is None:
@@ -810,7 +946,7 @@ class Scheduler:
         return unschedulable_summary(outcome, self.blocked, preemption_reason=plan.reason), outcome
 
     async def _wait_many(
-        self, waiting: list[tuple[StoredWorkload, UUID | None, str, Rejection]], announce: bool
+        self, waiting: list[tuple[StoredWorkload, UUID | None, str, Rejection | None]], announce: bool
     ) -> dict[UUID, WorkloadStatus]:
         """`_wait` for many workloads with a few statements: keep them pending with their reasons."""
         if not waiting:
@@ -1352,6 +1488,20 @@ def _replacement_of(stored: StoredWorkload) -> Submission:
     old = stored.submission.workload
     uid = str(uuid5(stored.allocation_id, "replacement"))
     return stored.submission.model_copy(update={"workload": old.model_copy(update={"uid": uid})})
+
+
+class _GangRefusedError(Exception):
+    """The ledger refused part of a gang's reservation: the transaction is rolled back whole."""
+
+
+def _split_gangs(
+    entries: list[tuple[StoredWorkload, UUID | None]],
+) -> tuple[list[tuple[StoredWorkload, UUID | None]], list[tuple[StoredWorkload, UUID | None]]]:
+    """The entries placed one by one, and the gang members (placed a gang at a time)."""
+    return (
+        [entry for entry in entries if entry[0].submission.gang is None],
+        [entry for entry in entries if entry[0].submission.gang is not None],
+    )
 
 
 def _first_entries(

@@ -27,6 +27,19 @@ class Takeover(BaseModel):
     limit: int = Field(ge=0, lt=2**31, description="the enabled-replicas value")
 
 
+class Gang(BaseModel):
+    """Gang placement (`tensor-fusion.ai/gang-enabled`): the pending members with the same `group_key`
+    are reserved together, in one ledger transaction, once at least `min_members` of them fit; none is
+    placed before. `timeout_s` 0 waits indefinitely; after it the waiting members are reported
+    unschedulable with the gang's numbers (and are still retried)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    group_key: str = Field(min_length=1, max_length=1024, description="namespace/workload of the gang")
+    min_members: int = Field(ge=1, lt=2**31, description="members reserved together at least")
+    timeout_s: int = Field(default=0, ge=0, lt=2**31, description="seconds to wait; 0 waits indefinitely")
+
+
 class Submission(BaseModel):
     """A GPU workload to place. `workload.uid` identifies this incarnation: submitting the same
     namespace, name and uid again is a no-op that returns the current status."""
@@ -50,6 +63,7 @@ class Submission(BaseModel):
     takeover: Takeover | None = Field(
         default=None, description="the enabled-replicas cap this pod is taken over under, if any"
     )
+    gang: Gang | None = Field(default=None, description="the gang this workload is placed with, if any")
 
     @model_validator(mode="after")
     def _fits_the_ledger(self) -> Submission:

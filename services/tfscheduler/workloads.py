@@ -222,6 +222,20 @@ class WorkloadStore:
             ).first()
             return None if row is None else _stored(row)
 
+    async def gang_members(self, group_key: str) -> list[StoredWorkload]:
+        """The live (pending or placed) workloads of the gang `group_key`, the oldest first."""
+        table = scheduler_workload.c
+        async with self.engine.connect() as connection:
+            rows = await connection.execute(
+                sa.select(scheduler_workload)
+                .where(
+                    table.state.in_(LIVE_STATES),
+                    table.submission["gang"]["group_key"].astext == group_key,
+                )
+                .order_by(table.submitted_at, table.allocation_id)
+            )
+            return [_stored(row) for row in rows]
+
     async def by_ids(self, allocation_ids: list[UUID]) -> dict[UUID, StoredWorkload]:
         if not allocation_ids:
             return {}

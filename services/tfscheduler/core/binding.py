@@ -19,6 +19,7 @@ from tfcommon.cluster.model import Pod
 from tfcommon.events import WorkloadRef
 from tfcommon.pod_request import PREFIX, PodRequestError, gpu_indices_of, gpu_request_of
 
+from tfscheduler.core.gang import gang_of
 from tfscheduler.submission import Submission
 
 EVICTION_PROTECTION = PREFIX + "eviction-protection"
@@ -83,6 +84,7 @@ def pod_work(pod: Pod, *, default_pool: str = "default") -> PodWork:
             for t in pod.tolerations
         ),
         node_selector=dict(pod.node_selector),
+        gang=gang_of(pod),
     )
     return PodWork(submission, pod.annotations.get(TAKEOVER_SLOT) or None, indices)
 

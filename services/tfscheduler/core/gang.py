@@ -1,0 +1,116 @@
+"""Gang scheduling, pure part: what the scheduler tells a gang's waiting members, and when it gave up.
+
+A gang (`Submission.gang`) is the live workloads with one group key. None of its members is reserved
+before `min_members` of them can be, counting those already placed; then every pending member that
+fits is reserved in one ledger transaction (`Scheduler._place_gang`). This module words the verdicts,
+naming the gang and the numbers, and decides the timeout (`timeout_s` 0 waits indefinitely), and reads
+a pod's gang from TensorFusion's annotations (`gang_of`). No I/O.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from tfcommon.cluster.model import Pod
+from tfcommon.pod_request import PREFIX, PodRequestError
+
+from tfscheduler.submission import Gang
+
+__all__ = [
+    "GANG_ENABLED",
+    "GANG_GROUP_KEY",
+    "GANG_MIN_MEMBERS",
+    "GANG_TIMEOUT",
+    "GangCount",
+    "gang_of",
+    "gang_reason",
+    "timed_out",
+]
+
+GANG_ENABLED = PREFIX + "gang-enabled"
+GANG_MIN_MEMBERS = PREFIX + "gang-min-members"
+GANG_TIMEOUT = PREFIX + "gang-timeout"
+GANG_GROUP_KEY = PREFIX + "gang-group-key"
+GANG_REQUIRED_MEMBERS = PREFIX + "gang-required-members"
+
+_GO_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|h|m|s)")
+_UNIT_SECONDS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
+
+
+def gang_of(pod: Pod) -> Gang | None:
+    """The pod's gang when `gang-enabled` is `true`: its group key (`gang-group-key`, else the namespace
+    and the controller owner, e.g. the ReplicaSet of a Deployment's pods), `gang-min-members` (else the
+    webhook's `gang-required-members`) and `gang-timeout` (a Go duration; `0` or none waits
+    indefinitely). Raises `PodRequestError` naming the annotation and a valid value."""
+    annotations = pod.annotations
+    if (annotations.get(GANG_ENABLED) or "").strip().lower() != "true":
+        return None
+    key = (annotations.get(GANG_GROUP_KEY) or "").strip()
+    if not key:
+        owner = next((o for o in pod.owner_references if o.controller), None)
+        if owner is None:
+            raise PodRequestError(
+                f"annotation {GANG_ENABLED}: pod {pod.namespace}/{pod.name} has no controller to group a "
+                f"gang by; set {GANG_GROUP_KEY} (e.g. {pod.namespace}/my-job) or create it from a workload"
+            )
+        key = f"{pod.namespace}/{owner.name}"
+    raw_min = annotations.get(GANG_MIN_MEMBERS) or annotations.get(GANG_REQUIRED_MEMBERS)
+    if raw_min is None or not raw_min.strip().isdigit() or int(raw_min) < 1:
+        raise PodRequestError(
+            f"annotation {GANG_MIN_MEMBERS}: {raw_min!r} is not a member count; use a whole number "
+            'of at least 1, e.g. "4"'
+        )
+    return Gang(group_key=key, min_members=int(raw_min), timeout_s=_timeout_s(annotations.get(GANG_TIMEOUT)))
+
+
+def _timeout_s(raw: str | None) -> int:
+    if raw is None or raw.strip() in ("", "0"):
+        return 0
+    text = raw.strip()
+    parts = _GO_DURATION.findall(text)
+    if not parts or "".join(number + unit for number, unit in parts) != text:
+        raise PodRequestError(
+            f"annotation {GANG_TIMEOUT}: {raw!r} is not a duration; use Go syntax, e.g. 30s or 5m (0 waits "
+            "indefinitely)"
+        )
+    seconds = sum(float(number) * _UNIT_SECONDS[unit] for number, unit in parts)
+    return max(1, round(seconds)) if seconds > 0 else 0
+
+
+@dataclass(frozen=True)
+class GangCount:
+    """A gang's members as the scheduler sees them: `live` (pending or placed), `placed`, and how many
+    of the pending ones `fit` now together (None when too few members exist to try)."""
+
+    live: int
+    placed: int
+    fit: int | None
+
+
+def timed_out(gang: Gang, waiting_since: Sequence[datetime], now: datetime) -> bool:
+    """The gang has waited longer than its timeout, counted from its oldest waiting member."""
+    if gang.timeout_s == 0 or not waiting_since:
+        return False
+    return now - min(waiting_since) >= timedelta(seconds=gang.timeout_s)
+
+
+def gang_reason(gang: Gang, count: GangCount, *, expired: bool) -> str:
+    """The pending reason of a gang member that is not reserved: the gang, its quorum and the numbers."""
+    needed = max(gang.min_members - count.placed, 0)
+    if count.fit is None:
+        numbers = f"{count.live} of min {gang.min_members} members exist"
+    else:
+        pending = count.live - count.placed
+        numbers = f"{count.placed + count.fit} of min {gang.min_members} members fit"
+        if count.placed:
+            numbers += f" ({count.placed} placed, {count.fit} of {pending} pending fit; {needed} needed)"
+    if expired:
+        return (
+            f"gang {gang.group_key} timed out after {gang.timeout_s}s: {numbers}; "
+            "no member is reserved before the gang fits (still retried)"
+        )
+    timeout = "indefinitely" if gang.timeout_s == 0 else f"up to {gang.timeout_s}s"
+    return f"gang {gang.group_key} is waiting ({timeout}): {numbers}; none is reserved before min-members fit"
