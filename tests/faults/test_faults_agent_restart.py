@@ -8,15 +8,13 @@ from collections.abc import Iterator
 from uuid import uuid4
 
 import httpx
-import psycopg
 import pytest
 from pydantic import SecretStr
-from sqlalchemy.engine import make_url
+from support.scratch_database import scratch_database
 from tfagent.app import build
 from tfcommon.events import WorkloadRef
 from tfcommon.gpu_models import GIB
 from tfcommon.infra import free_port
-from tfcommon.ledger.migrate import upgrade_head
 from tfcommon.ledger.records import GpuSpec, NodeSpec, ReservationRequest, Reserved, ShareRequest
 from tfcommon.ledger.sql import SqlLedger
 from tfcommon.runtime import serve
@@ -25,22 +23,10 @@ from tfcommon.settings import AgentSettings, DatabaseSettings, NatsSettings
 pytestmark = pytest.mark.integration
 
 
-def _conninfo(url: str) -> str:
-    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
-
-
 @pytest.fixture
 def database_url(postgres_server_url: str) -> Iterator[str]:
-    name = f"faults_agent_{uuid4().hex[:12]}"
-    with psycopg.connect(_conninfo(postgres_server_url), autocommit=True) as connection:
-        connection.execute(f'CREATE DATABASE "{name}"')
-    url = make_url(postgres_server_url).set(database=name).render_as_string(hide_password=False)
-    try:
-        upgrade_head(url)
+    with scratch_database(postgres_server_url, "faults_agent") as url:
         yield url
-    finally:
-        with psycopg.connect(_conninfo(postgres_server_url), autocommit=True) as connection:
-            connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 async def _allocate(database_url: str, node: str) -> str:

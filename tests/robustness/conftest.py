@@ -7,35 +7,20 @@ from __future__ import annotations
 import asyncio
 import shutil
 import tempfile
-import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
-import psycopg
 import pytest
 from robust_stack import RunningStack, service_specs, service_url, wait_until_ready
-from sqlalchemy.engine import make_url
+from support.scratch_database import scratch_database
 from tfcommon.infra import EmbeddedNats
-from tfcommon.ledger.migrate import upgrade_head
 from tfcommon.runtime import serve
-
-
-def _conninfo(url: str) -> str:
-    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
 
 
 @pytest.fixture(scope="module")
 def robust_database_url(postgres_server_url: str) -> Iterator[str]:
-    name = f"robust_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(_conninfo(postgres_server_url), autocommit=True) as connection:
-        connection.execute(f'CREATE DATABASE "{name}"')
-    url = make_url(postgres_server_url).set(database=name).render_as_string(hide_password=False)
-    upgrade_head(url)
-    try:
+    with scratch_database(postgres_server_url, "robust") as url:
         yield url
-    finally:
-        with psycopg.connect(_conninfo(postgres_server_url), autocommit=True) as connection:
-            connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @pytest.fixture(scope="module")

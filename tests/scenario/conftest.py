@@ -6,14 +6,11 @@ from __future__ import annotations
 import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from uuid import uuid4
 
-import psycopg
 import pytest
-from sqlalchemy.engine import make_url
+from support.scratch_database import scratch_database
 from tfcommon import subjects
 from tfcommon.bus import NatsEventBus
-from tfcommon.ledger.migrate import upgrade_head
 from tfcommon.ledger.sql import SqlLedger
 
 INTEGRATION = Path(__file__).resolve().parents[1] / "integration"
@@ -26,22 +23,10 @@ from scenario_kube import KubeStack  # noqa: E402
 from tfcommon.cluster.kubernetes import KubernetesCluster  # noqa: E402
 
 
-def _conninfo(database_url: str) -> str:
-    return make_url(database_url).set(drivername="postgresql").render_as_string(hide_password=False)
-
-
 @pytest.fixture(scope="module")
 def story_database_url(postgres_server_url: str) -> Iterator[str]:
-    name = f"scenario_{uuid4().hex[:12]}"
-    with psycopg.connect(_conninfo(postgres_server_url), autocommit=True) as connection:
-        connection.execute(f'CREATE DATABASE "{name}"')
-    url = make_url(postgres_server_url).set(database=name).render_as_string(hide_password=False)
-    upgrade_head(url)
-    try:
+    with scratch_database(postgres_server_url, "scenario") as url:
         yield url
-    finally:
-        with psycopg.connect(_conninfo(postgres_server_url), autocommit=True) as connection:
-            connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @pytest.fixture(scope="module")

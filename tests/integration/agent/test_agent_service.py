@@ -7,11 +7,10 @@ from collections.abc import Iterator
 from uuid import uuid4
 
 import httpx
-import psycopg
 import pytest
 from nats.aio.msg import Msg
 from pydantic import SecretStr
-from sqlalchemy.engine import make_url
+from support.scratch_database import scratch_database
 from tfagent.app import build
 from tfcommon.bus import NatsEventBus
 from tfcommon.events import NodeRegistered, decode
@@ -22,20 +21,10 @@ from tfcommon.settings import AgentSettings, DatabaseSettings, NatsSettings
 pytestmark = pytest.mark.integration
 
 
-def _conninfo(url: str) -> str:
-    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
-
-
 @pytest.fixture
 def database_url(postgres_server_url: str) -> Iterator[str]:
-    name = f"agent_{uuid4().hex[:12]}"
-    with psycopg.connect(_conninfo(postgres_server_url), autocommit=True) as connection:
-        connection.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield make_url(postgres_server_url).set(database=name).render_as_string(hide_password=False)
-    finally:
-        with psycopg.connect(_conninfo(postgres_server_url), autocommit=True) as connection:
-            connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with scratch_database(postgres_server_url, "agent", migrated=False) as url:
+        yield url
 
 
 def agent_settings(nats_url: str, database_url: str, node: str, fake_gpus: str) -> AgentSettings:

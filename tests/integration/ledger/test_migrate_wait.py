@@ -8,7 +8,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from conftest import create_database, drop_database
+from support.scratch_database import create_database, drop_database
 from tfcommon.ledger.migrate import current_revision, head_revision, upgrade_head
 from tfctl.main import main as tfctl
 

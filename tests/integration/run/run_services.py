@@ -13,13 +13,11 @@ from typing import Any
 from uuid import uuid4
 
 import httpx
-import psycopg
 import pytest
 from pydantic import SecretStr
-from sqlalchemy.engine import make_url
+from support.scratch_database import scratch_database
 from tfagent.app import build as build_agent
 from tfcommon.infra import free_port
-from tfcommon.ledger.migrate import upgrade_head
 from tfcommon.ledger.sql import SqlLedger
 from tfcommon.runtime import serve
 from tfcommon.settings import AgentSettings, DatabaseSettings, NatsSettings, SchedulerSettings
@@ -40,22 +38,10 @@ class RunStack:
     gpus: tuple[dict[str, Any], ...]
 
 
-def _conninfo(url: str) -> str:
-    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
-
-
 @pytest.fixture(scope="module")
 def run_database_url(postgres_server_url: str) -> Iterator[str]:
-    name = f"run_{uuid4().hex[:12]}"
-    with psycopg.connect(_conninfo(postgres_server_url), autocommit=True) as connection:
-        connection.execute(f'CREATE DATABASE "{name}"')
-    url = make_url(postgres_server_url).set(database=name).render_as_string(hide_password=False)
-    upgrade_head(url)
-    try:
+    with scratch_database(postgres_server_url, "run") as url:
         yield url
-    finally:
-        with psycopg.connect(_conninfo(postgres_server_url), autocommit=True) as connection:
-            connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @pytest.fixture(scope="module")

@@ -5,33 +5,18 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
-from uuid import uuid4
 
-import psycopg
 import pytest
-from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
-from tfcommon.ledger.migrate import upgrade_head
+from support.scratch_database import scratch_database
 from tfcommon.ledger.urls import ledger_url
 from tfcommon.tls import TlsFiles, generate_self_signed
 
 
-def _conninfo(database_url: str) -> str:
-    return make_url(database_url).set(drivername="postgresql").render_as_string(hide_password=False)
-
-
 @pytest.fixture(scope="module")
 def webhook_database_url(postgres_server_url: str) -> Iterator[str]:
-    name = f"webhook_{uuid4().hex[:12]}"
-    with psycopg.connect(_conninfo(postgres_server_url), autocommit=True) as connection:
-        connection.execute(f'CREATE DATABASE "{name}"')
-    url = make_url(postgres_server_url).set(database=name).render_as_string(hide_password=False)
-    upgrade_head(url)
-    try:
+    with scratch_database(postgres_server_url, "webhook") as url:
         yield url
-    finally:
-        with psycopg.connect(_conninfo(postgres_server_url), autocommit=True) as connection:
-            connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @pytest.fixture(scope="module")
