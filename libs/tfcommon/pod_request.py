@@ -4,37 +4,43 @@ Pure. The scheduler reads a pending pod with it to place the pod; the defrag pla
 with it to size the same pod the same way when it plans a move. Reads `gpupool` (annotation, else
 label), `gpu-count`, `gpu-indices`, `tflops-request`/`-limit`, `vram-request`/`-limit`,
 `compute-percent-request`/`-limit`, `gpu-model`, `qos` and `isolation`. An annotation that cannot be read
-raises `PodRequestError`, whose message names the annotation and a valid value.
+raises `PodRequestError`, whose message names the annotation and a valid value. The keys, the vocabulary
+and the value parsers are the pod contract's (`tfcommon.pod_spec`), shared with the webhook and the
+device plugin, so a value one stop refuses every stop refuses.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import cast, get_args
+from typing import cast
 
 from tfcommon.cluster.model import Pod
 from tfcommon.events import GpuRequest, IsolationMode, QosLevel
+from tfcommon.pod_spec import (
+    DEFAULT_ISOLATION,
+    DEFAULT_QOS,
+    GPU_COUNT,
+    GPU_INDICES,
+    GPU_MODEL,
+    GPUPOOL,
+    ISOLATION,
+    ISOLATION_MODES,
+    MAX_GPU_COUNT,
+    PERCENT_LIMIT,
+    PERCENT_REQUEST,
+    PREFIX,
+    QOS,
+    QOS_LEVELS,
+    TFLOPS_LIMIT,
+    TFLOPS_REQUEST,
+    VRAM_LIMIT,
+    VRAM_REQUEST,
+    PodRequestError,
+    parse_percent,
+)
 from tfcommon.quantities import QuantityError, parse_bytes, parse_milli
 
-PREFIX = "tensor-fusion.ai/"
-GPUPOOL = PREFIX + "gpupool"
-GPU_COUNT = PREFIX + "gpu-count"
-GPU_INDICES = PREFIX + "gpu-indices"
-GPU_MODEL = PREFIX + "gpu-model"
-TFLOPS_REQUEST = PREFIX + "tflops-request"
-TFLOPS_LIMIT = PREFIX + "tflops-limit"
-VRAM_REQUEST = PREFIX + "vram-request"
-VRAM_LIMIT = PREFIX + "vram-limit"
-PERCENT_REQUEST = PREFIX + "compute-percent-request"
-PERCENT_LIMIT = PREFIX + "compute-percent-limit"
-QOS = PREFIX + "qos"
-ISOLATION = PREFIX + "isolation"
-
-MAX_GPU_COUNT = 128
-
-
-class PodRequestError(ValueError):
-    """A pod's `tensor-fusion.ai/*` annotation cannot be read; the message names it and the fix."""
+__all__ = ["MAX_GPU_COUNT", "PREFIX", "PodRequestError", "gpu_indices_of", "gpu_request_of"]
 
 
 def gpu_indices_of(pod: Pod) -> tuple[int, ...]:
@@ -80,8 +86,8 @@ def gpu_request_of(pod: Pod, *, default_pool: str = "default") -> GpuRequest:
         vram_limit_bytes=vram_limit,
         compute_percent_request=percent_request,
         gpu_model=annotations.get(GPU_MODEL) or None,
-        qos=cast(QosLevel, _choice(annotations, QOS, get_args(QosLevel), "medium")),
-        isolation=cast(IsolationMode, _choice(annotations, ISOLATION, get_args(IsolationMode), "soft")),
+        qos=cast(QosLevel, _choice(annotations, QOS, QOS_LEVELS, DEFAULT_QOS)),
+        isolation=cast(IsolationMode, _choice(annotations, ISOLATION, ISOLATION_MODES, DEFAULT_ISOLATION)),
     )
 
 
@@ -128,13 +134,7 @@ def _percent(annotations: Mapping[str, str], key: str) -> int | None:
     raw = annotations.get(key)
     if raw is None or not raw.strip():
         return None
-    try:
-        value = int(raw.strip().rstrip("%"))
-    except ValueError:
-        value = -1
-    if not 0 <= value <= 100:
-        raise PodRequestError(f"annotation {key}: {raw!r} is not a percent of a GPU; use 0..100, e.g. 50")
-    return value
+    return parse_percent(key, raw)
 
 
 def _choice(annotations: Mapping[str, str], key: str, allowed: tuple[str, ...], default: str) -> str:

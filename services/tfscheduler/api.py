@@ -20,6 +20,7 @@ from sqlalchemy.exc import OperationalError
 from starlette.types import ASGIApp, Receive, Scope, Send
 from tfcommon.ledger.records import OPERATOR_NODE_LABELS, AllocationRecord, NodeRecord
 from tfcommon.placement import PlacementRequestError
+from tfcommon.pod_spec import GPU_IDS, GPU_MODEL
 from tfcommon.runtime import DATABASE_UNAVAILABLE, FALLBACK_APP, UNAVAILABLE_RETRY_AFTER_S, request_body
 from tfcommon.service_metrics import record_request_duration
 
@@ -37,8 +38,8 @@ from tfscheduler.submission import Submission, WorkloadStatus
 from tfscheduler.takeovers import TakeoverCounter
 from tfscheduler.workloads import StoredWorkload
 
-GPU_MODEL_ANNOTATION = "tensor-fusion.ai/gpu-model"
-GPU_IDS_ANNOTATION = "tensor-fusion.ai/gpu-ids"
+GPU_MODEL_ANNOTATION = GPU_MODEL
+GPU_IDS_ANNOTATION = GPU_IDS
 
 REFUSED_OR_INVALID: dict[int | str, dict[str, Any]] = {
     422: {

@@ -16,15 +16,9 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from tfcommon.cluster.model import Pod
+from tfcommon.pod_spec import COMPONENT, POD_COUNTER_KEY, TAKEOVER_SLOT, WORKLOAD
 
-from tfwebhook.core.admission import (
-    COMPONENT,
-    POD_COUNTER_KEY,
-    TAKEOVER_SLOT,
-    WORKER_COMPONENT,
-    WORKLOAD,
-    TakeoverClaim,
-)
+from tfwebhook.core.admission import WORKER_COMPONENT, TakeoverClaim
 from tfwebhook.core.takeover import CREATION_GRACE_S, HeldSlot, SlotPod, stale_takeover_slots
 
 log = logging.getLogger("tfwebhook.takeover")

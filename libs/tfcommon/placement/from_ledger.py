@@ -37,7 +37,8 @@ from tfcommon.placement.model import (
     Taint,
     Toleration,
 )
-from tfcommon.pod_request import GPU_MODEL, PodRequestError, gpu_request_of
+from tfcommon.pod_request import PodRequestError, gpu_request_of
+from tfcommon.pod_spec import GPU_MODEL
 
 INCOMPLETE_INVENTORY = "GPU inventory incomplete (indices are not 0..N-1)"
 

@@ -3,7 +3,9 @@
 Pure: the shell hands in the pods on this node and what it already answered; this module decodes the
 pod index from the device request (`tfcommon.device_slots`), picks the container, and builds the
 container's environment: `NVIDIA_VISIBLE_DEVICES` with exactly the GPUs the scheduler chose, plus the
-limit variables of the pod's isolation mode. Refusals carry a message the kubelet shows on the pod.
+limit variables of the pod's isolation mode, read with the pod contract's keys and parsers
+(`tfcommon.pod_spec`), so a value the webhook and the scheduler refuse is refused here with the same
+message. Refusals carry a message the kubelet shows on the pod.
 """
 
 from __future__ import annotations
@@ -20,14 +22,15 @@ from tfcommon.device_slots import (
     pod_index_from_annotation,
     pod_index_of,
 )
+from tfcommon.pod_spec import CONTAINER_GPUS as CONTAINER_GPUS_ANNOTATION
+from tfcommon.pod_spec import DEFAULT_ISOLATION, parse_percent
+from tfcommon.pod_spec import GPU_IDS as GPU_IDS_ANNOTATION
+from tfcommon.pod_spec import ISOLATION as ISOLATION_ANNOTATION
+from tfcommon.pod_spec import PERCENT_LIMIT as PERCENT_LIMIT_ANNOTATION
+from tfcommon.pod_spec import TFLOPS_LIMIT as TFLOPS_LIMIT_ANNOTATION
+from tfcommon.pod_spec import VRAM_LIMIT as VRAM_LIMIT_ANNOTATION
 from tfcommon.quantities import QuantityError, parse_bytes, parse_milli
 
-GPU_IDS_ANNOTATION = "tensor-fusion.ai/gpu-ids"
-CONTAINER_GPUS_ANNOTATION = "tensor-fusion.ai/container-gpus"
-ISOLATION_ANNOTATION = "tensor-fusion.ai/isolation"
-VRAM_LIMIT_ANNOTATION = "tensor-fusion.ai/vram-limit"
-TFLOPS_LIMIT_ANNOTATION = "tensor-fusion.ai/tflops-limit"
-PERCENT_LIMIT_ANNOTATION = "tensor-fusion.ai/compute-percent-limit"
 # Every container of every pod in one block of 8 pod indexes may hold 1..8 devices of the same resource
 # at once (36 per container layout), so the pool must be large: 1024 covers 28 injected containers per pod.
 DEVICES_PER_RESOURCE = 1024
@@ -121,7 +124,7 @@ def _container_gpus(pod: Pod, container: str) -> tuple[str, ...]:
 def _sm_percent(pod: Pod, gpu_uuids: Sequence[str], capacity_milli: Mapping[str, int]) -> int | None:
     annotations = pod.annotations
     if PERCENT_LIMIT_ANNOTATION in annotations:
-        return min(100, max(1, int(annotations[PERCENT_LIMIT_ANNOTATION])))
+        return max(1, parse_percent(PERCENT_LIMIT_ANNOTATION, annotations[PERCENT_LIMIT_ANNOTATION]))
     if TFLOPS_LIMIT_ANNOTATION not in annotations:
         return None
     limit_milli = parse_milli(annotations[TFLOPS_LIMIT_ANNOTATION], what=TFLOPS_LIMIT_ANNOTATION)
@@ -137,7 +140,7 @@ def container_envs(
     """`NVIDIA_VISIBLE_DEVICES`, plus for `soft`/`hard` isolation the limit variables (and the preloaded
     limiter library when the operator installed one); `shared` gets whole cards and no limits."""
     envs = {"NVIDIA_VISIBLE_DEVICES": nvidia_visible_devices(gpu_uuids)}
-    isolation = pod.annotations.get(ISOLATION_ANNOTATION, "soft")
+    isolation = pod.annotations.get(ISOLATION_ANNOTATION, DEFAULT_ISOLATION)
     if isolation not in ("soft", "hard"):
         return envs, ()
     try:

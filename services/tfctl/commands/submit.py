@@ -1,7 +1,9 @@
 """`tfctl submit -f pod.yaml`: admit the pod as the webhook would, then submit it to the scheduler.
 
 The same pure admission as the webhook (`tfwebhook.core.admit`) turns the pod's `tensor-fusion.ai/*`
-annotations into a GPU request; a denied pod is not submitted. The scheduler answers placed (exit 0),
+annotations into a GPU request, the priority Kubernetes would give the pod (its PriorityClass, or the
+one its `qos` gets: `high` 10000, `critical` 100000) and its `eviction-protection`; a denied pod is
+not submitted. The scheduler answers placed (exit 0),
 pending with the reason (exit 0; placed later, when capacity or quota frees), or refused (exit 1:
 an unknown pool, or a request no node of the pool could ever hold, with the largest that fits). Under
 `tensor-fusion.ai/enabled-replicas: N`, pods of a workload beyond the N live ones are not taken over
@@ -30,7 +32,6 @@ from tfctl.local_state import api_token, missing_token_hint
 
 EXIT_PLACED, EXIT_REFUSED, EXIT_MALFORMED = 0, 1, 2
 NOT_TAKEN_OVER = 409
-PRIORITY_BY_CLASS = {"tensor-fusion-high": 10_000, "tensor-fusion-critical": 100_000}
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -59,7 +60,8 @@ def submission_for(pod: dict[str, Any], namespace: str, config_path: Path | None
     return {
         "workload": verdict.workload.model_dump(mode="json"),
         "request": verdict.request.model_dump(mode="json"),
-        "priority": PRIORITY_BY_CLASS.get(str(spec.get("priorityClassName", "")), 0),
+        "priority": verdict.priority,
+        "eviction_protection_s": verdict.eviction_protection_s,
         "tolerations": [
             {key: str(value) for key, value in toleration.items() if key != "tolerationSeconds"}
             for toleration in spec.get("tolerations") or []

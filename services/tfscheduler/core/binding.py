@@ -5,32 +5,35 @@ Reads what the admission webhook wrote (`tensor-fusion.ai/gpupool`, `gpu-count`,
 `takeover-slot`, `container-gpu-count`, `inject-container`) and writes `gpu-ids` (lower-case GPU UUIDs,
 comma separated) and `container-gpus` (JSON: container name to its GPU UUIDs). No I/O, no clock.
 Bad annotations raise `PodRequestError`, whose message names the annotation and a valid value. The
-request annotations themselves are read by `tfcommon.pod_request`, which the defrag planner shares.
+request annotations themselves are read by `tfcommon.pod_request`, which the defrag planner shares; the
+keys and the `eviction-protection` parser are the pod contract's (`tfcommon.pod_spec`).
 """
 
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tfcommon.cluster.model import Pod
 from tfcommon.events import WorkloadRef
-from tfcommon.pod_request import PREFIX, PodRequestError, gpu_indices_of, gpu_request_of
+from tfcommon.pod_request import PodRequestError, gpu_indices_of, gpu_request_of
+from tfcommon.pod_spec import (
+    CONTAINER_GPU_COUNT,
+    CONTAINER_GPUS,
+    EVICTION_PROTECTION,
+    GPU_IDS,
+    INJECT_CONTAINER,
+    TAKEOVER_SLOT,
+    parse_duration_s,
+)
+from tfcommon.pod_spec import WORKLOAD as WORKLOAD_LABEL
 
 from tfscheduler.core.gang import gang_of
 from tfscheduler.submission import Submission
 
-EVICTION_PROTECTION = PREFIX + "eviction-protection"
-TAKEOVER_SLOT = PREFIX + "takeover-slot"
-CONTAINER_GPU_COUNT = PREFIX + "container-gpu-count"
-INJECT_CONTAINER = PREFIX + "inject-container"
-WORKLOAD_LABEL = PREFIX + "workload"
-GPU_IDS = PREFIX + "gpu-ids"
-CONTAINER_GPUS = PREFIX + "container-gpus"
-
 __all__ = [
+    "TAKEOVER_SLOT",
     "PodRequestError",
     "PodWork",
     "bind_annotations",
@@ -39,9 +42,6 @@ __all__ = [
     "pod_work",
     "workload_of",
 ]
-
-_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
-_DURATION_SECONDS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
 
 
 @dataclass(frozen=True)
@@ -69,7 +69,7 @@ def pod_work(pod: Pod, *, default_pool: str = "default") -> PodWork:
         workload=workload_of(pod),
         request=request,
         priority=pod.priority or 0,
-        eviction_protection_s=_duration_s(pod.annotations.get(EVICTION_PROTECTION)),
+        eviction_protection_s=parse_duration_s(pod.annotations.get(EVICTION_PROTECTION)),
         tolerations=tuple(
             {
                 key: value
@@ -133,16 +133,3 @@ def _container_counts(pod: Pod, allocated: int) -> dict[str, int]:
     injected = [name.strip() for name in (pod.annotations.get(INJECT_CONTAINER) or "").split(",")]
     names = [name for name in injected if name] or [c.name for c in pod.containers[:1]]
     return dict.fromkeys(names, allocated)
-
-
-def _duration_s(raw: str | None) -> int:
-    """A Go duration (`30m`, `1h30m`, `90s`) in whole seconds; empty means none."""
-    if raw is None or not raw.strip():
-        return 0
-    text = raw.strip()
-    parts = _DURATION_PART.findall(text)
-    if not parts or "".join(number + unit for number, unit in parts) != text:
-        raise PodRequestError(
-            f"annotation {EVICTION_PROTECTION}: {raw!r} is not a duration; use Go syntax, e.g. 30m or 1h30m"
-        )
-    return int(sum(float(number) * _DURATION_SECONDS[unit] for number, unit in parts))

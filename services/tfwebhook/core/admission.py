@@ -24,7 +24,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from functools import cached_property, lru_cache
-from typing import Any, cast, get_args
+from typing import Any, cast
 
 import orjson
 from tfcommon.config import TfConfig
@@ -36,6 +36,45 @@ from tfcommon.device_slots import (
 )
 from tfcommon.events import GpuRequest, IsolationMode, QosLevel, WorkloadRef
 from tfcommon.gpu_models import GPU_MODELS_BY_NAME
+from tfcommon.pod_spec import (
+    AUTOSCALE,
+    AUTOSCALE_TARGET,
+    COMPONENT,
+    CONTAINER_GPU_COUNT,
+    DEDICATED_GPU,
+    ENABLED,
+    ENABLED_REPLICAS,
+    EVICTION_PROTECTION,
+    GPU_COUNT,
+    GPU_INDICES,
+    GPU_MODEL,
+    GPUPOOL,
+    INJECT_CONTAINER,
+    IS_LOCAL_GPU,
+    ISOLATION,
+    ISOLATION_MODES,
+    MAX_GPU_COUNT,
+    PERCENT_LIMIT,
+    PERCENT_REQUEST,
+    POD_COUNTER_KEY,
+    PRIORITY_CLASSES,
+    QOS,
+    QOS_LEVELS,
+    TAKEOVER_SLOT,
+    TFLOPS_LIMIT,
+    TFLOPS_REQUEST,
+    VENDOR,
+    VRAM_LIMIT,
+    VRAM_REQUEST,
+    WORKLOAD,
+    PodRequestError,
+    parse_duration_s,
+    parse_percent,
+    priority_of,
+)
+from tfcommon.pod_spec import (
+    PREFIX as PREFIX,  # the pod contract's keys are this module's too (tests enumerate them)
+)
 from tfcommon.quantities import (
     QuantityError,
     format_bytes,
@@ -53,44 +92,13 @@ from tfwebhook.core.profile import PROFILE, ProfileError, WorkloadProfile, with_
 from tfwebhook.core.vocabulary import unknown_keys
 from tfwebhook.core.workload import WorkloadIdentity, identify, pod_display_name
 
-PREFIX = "tensor-fusion.ai/"
 _PLAIN_JSON_STRING = re.compile(r"[ !#-\[\]-~]*")
 """Printable ASCII but `"` and `\\`: a string JSON writes as it is, between quotes."""
 QUANTITIES_REMEMBERED = 4096
 """Distinct quantity texts (and byte counts) whose parse (and canonical text) `admit` keeps."""
-ENABLED = PREFIX + "enabled"
-COMPONENT = PREFIX + "component"
-WORKLOAD = PREFIX + "workload"
-GPUPOOL = PREFIX + "gpupool"
-TFLOPS_REQUEST = PREFIX + "tflops-request"
-TFLOPS_LIMIT = PREFIX + "tflops-limit"
-VRAM_REQUEST = PREFIX + "vram-request"
-VRAM_LIMIT = PREFIX + "vram-limit"
-PERCENT_REQUEST = PREFIX + "compute-percent-request"
-PERCENT_LIMIT = PREFIX + "compute-percent-limit"
-GPU_COUNT = PREFIX + "gpu-count"
-GPU_INDICES = PREFIX + "gpu-indices"
-GPU_MODEL = PREFIX + "gpu-model"
-VENDOR = PREFIX + "vendor"
-DEDICATED_GPU = PREFIX + "dedicated-gpu"
-QOS = PREFIX + "qos"
-ISOLATION = PREFIX + "isolation"
-INJECT_CONTAINER = PREFIX + "inject-container"
-CONTAINER_GPU_COUNT = PREFIX + "container-gpu-count"
-ENABLED_REPLICAS = PREFIX + "enabled-replicas"
-AUTOSCALE = PREFIX + "autoscale"
-AUTOSCALE_TARGET = PREFIX + "autoscale-target"
-IS_LOCAL_GPU = PREFIX + "is-local-gpu"
-POD_COUNTER_KEY = PREFIX + "pod-counter-key"
-TAKEOVER_SLOT = PREFIX + "takeover-slot"
-
 SCHEDULER_NAME = "tensor-fusion-scheduler"
 WORKER_COMPONENT = "worker"
-PRIORITY_CLASSES: dict[str, str] = {"high": "tensor-fusion-high", "critical": "tensor-fusion-critical"}
-QOS_LEVELS: tuple[str, ...] = get_args(QosLevel)
-ISOLATION_MODES: tuple[str, ...] = get_args(IsolationMode)
 AUTOSCALE_TARGETS = ("compute", "vram", "all")
-MAX_GPU_COUNT = 128
 VENDOR_BY_RESOURCE_DOMAIN = {"nvidia.com": "NVIDIA", "amd.com": "AMD", "intel.com": "Intel"}
 DENIED_CODE = 400
 
@@ -151,6 +159,10 @@ class Admitted:
     migrated_resource: str | None = None
     takeover: TakeoverClaim | None = None
     awaiting_pod_index: tuple[int, ...] | None = None
+    priority: int = 0
+    """The priority Kubernetes gives the admitted pod (its PriorityClass's value; `tfctl submit` sends it)."""
+    eviction_protection_s: int = 0
+    """`tensor-fusion.ai/eviction-protection` in seconds (0: none), as the scheduler reads it."""
 
     @property
     def is_gpu_pod(self) -> bool:
@@ -298,14 +310,18 @@ def _percent(annotations: Mapping[str, str], key: str) -> int | None:
 
 @lru_cache(maxsize=QUANTITIES_REMEMBERED)
 def _percent_value(key: str, value: str) -> int:
-    example = "a whole percentage of one GPU from 0 to 100, e.g. 50"
+    """The pod contract's percent parser (`tfcommon.pod_spec.parse_percent`), remembered."""
     try:
-        number = _parse(parse_quantity, value, f"annotation {key}")
-    except QuantityError:
-        raise AdmissionDeniedError(f"annotation {key}: {value!r} is not {example}") from None
-    if number.denominator != 1 or not 0 <= number <= 100:
-        raise AdmissionDeniedError(f"annotation {key}: {value!r} is outside 0-100; use {example}")
-    return int(number)
+        return parse_percent(key, value)
+    except PodRequestError as error:
+        raise AdmissionDeniedError(str(error)) from None
+
+
+def _eviction_protection_s(annotations: Mapping[str, str]) -> int:
+    try:
+        return parse_duration_s(annotations.get(EVICTION_PROTECTION))
+    except PodRequestError as error:
+        raise AdmissionDeniedError(str(error)) from None
 
 
 def _paired(request: int | None, limit: int | None, request_key: str, limit_key: str) -> tuple[int, int]:
@@ -692,6 +708,7 @@ def _admit(original: Mapping[str, Any], context: AdmissionContext) -> Verdict:
     if _boolean(annotations, AUTOSCALE) and not _boolean(annotations, DEDICATED_GPU):
         resources = _autoscaled(resources, autoscale_target, qos, metadata, namespace, annotations, context)
     enabled_replicas = _enabled_replicas(annotations)
+    eviction_protection_s = _eviction_protection_s(annotations)
 
     gpu_count = _gpu_count(annotations, native, injected)
     if context.quota is not None:
@@ -776,6 +793,8 @@ def _admit(original: Mapping[str, Any], context: AdmissionContext) -> Verdict:
         migrated_resource=migrated,
         takeover=takeover,
         awaiting_pod_index=tuple(awaiting) if pod_index is None else None,
+        priority=priority_of(qos, str(spec.get("priorityClassName") or "")),
+        eviction_protection_s=eviction_protection_s,
     )
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tfcommon import pod_request
+from tfcommon import pod_request, pod_spec
 from tfcommon.config import TfConfig
 from tfcommon.device_slots import POD_INDEX_ANNOTATION, RESOURCE_PREFIX
 from tfctl.commands.submit import submission_for
@@ -140,6 +140,7 @@ def _prefixed_constants(module: object) -> set[str]:
 def test_every_key_the_webhook_and_the_scheduler_read_or_write_is_in_the_vocabulary() -> None:
     known = vocabulary.ANNOTATIONS | vocabulary.LABELS
     used = _prefixed_constants(admission) | _prefixed_constants(binding) | _prefixed_constants(pod_request)
+    used |= _prefixed_constants(pod_spec)
     used |= {POD_INDEX_ANNOTATION, AUTOSCALE_SOURCE}
     assert used - known == {RESOURCE_PREFIX}  # a resource name (index_0..f), not a label or annotation
 
