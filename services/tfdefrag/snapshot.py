@@ -124,8 +124,22 @@ async def load_pool(
                     bound.created_at if bound is not None and bound.created_at else allocation.created_at
                 ),
                 allocation_id=str(allocation.allocation_id),
+                gang=_gang_of(bound),
             )
         )
     budgets = tuple(await cluster.list_disruption_budgets())
     snapshot = PoolSnapshot(pool=pool, nodes=tuple(pool_nodes), workers=tuple(workers), budgets=budgets)
     return LoadedPool(snapshot=snapshot, pods=pods, allocations=by_key)
+
+
+GANG_ENABLED = "tensor-fusion.ai/gang-enabled"
+GANG_GROUP_KEY = "tensor-fusion.ai/gang-group-key"
+
+
+def _gang_of(pod: Pod | None) -> str | None:
+    """The gang of a pod with `tensor-fusion.ai/gang-enabled: true`: its `gang-group-key`, else its
+    namespace and controller (the scheduler's grouping); None for a pod outside any gang."""
+    if pod is None or (pod.annotations.get(GANG_ENABLED) or "").strip().lower() != "true":
+        return None
+    owner = next((o.name for o in pod.owner_references if o.controller), pod.name)
+    return (pod.annotations.get(GANG_GROUP_KEY) or "").strip() or f"{pod.namespace}/{owner}"

@@ -48,6 +48,8 @@ class Worker:
     labels: Mapping[str, str] = field(default_factory=dict)
     created_at: datetime | None = None
     allocation_id: str | None = None
+    gang: str | None = None
+    """The gang group key when the pod is a gang member (`tensor-fusion.ai/gang-enabled`): never moved."""
 
     @property
     def key(self) -> str:
@@ -101,6 +103,7 @@ class SkipReason(enum.StrEnum):
     ABOVE_THRESHOLD = "above-threshold"
     NATIVE_GPU_POD = "native-gpu-pod"
     NO_WORKERS = "no-workers"
+    GANG_MEMBER = "gang-member"
     FRESH_WORKER = "fresh-worker"
     MISSING_PDB = "missing-pdb"
     PDB_BLOCKED = "pdb-blocked"
@@ -281,6 +284,13 @@ def _rule_skip(
         )
     if not workers:
         return skip(SkipReason.NO_WORKERS, "GPUs are in use but no worker pod is known on the node")
+    gang_member = next((worker for worker in workers if worker.gang is not None), None)
+    if gang_member is not None:
+        return skip(
+            SkipReason.GANG_MEMBER,
+            f"worker {gang_member.key} is a member of gang {gang_member.gang}; moving it would split the "
+            "gang, so its node is left alone",
+        )
     for worker in workers:
         if worker.created_at is None or now - worker.created_at < config.max_duration:
             return skip(

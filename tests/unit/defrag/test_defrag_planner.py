@@ -117,6 +117,13 @@ SKIP_RULES = [
         base_snapshot(workers=()), {}, SkipReason.NO_WORKERS, "no worker pod", id="GPUs used, no worker known"
     ),
     pytest.param(
+        _with_worker(gang="ml/train"),
+        {},
+        SkipReason.GANG_MEMBER,
+        "worker ml/w1 is a member of gang ml/train; moving it would split the gang",
+        id="gang member (never split a gang)",
+    ),
+    pytest.param(
         _with_worker(created_at=NOW - timedelta(minutes=30)),
         {},
         SkipReason.FRESH_WORKER,
