@@ -13,8 +13,8 @@ T = TypeVar("T")
 
 async def eventually(
     probe: Callable[[], Awaitable[T | None]] | Callable[[], T | None],
-    *,
     what: str = "condition",
+    *,
     timeout_s: float = 20.0,
     every_s: float = 0.05,
 ) -> T:

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 from uuid import uuid4
@@ -14,6 +13,7 @@ from uuid import uuid4
 import kmock
 import pytest
 import yaml
+from support.polling import eventually
 from tfagent.adapters.simulated import SimulatedGpuProbe, parse_fake_gpus
 from tfagent.agent import AgentTimers, NodeAgent
 from tfagent.app import build
@@ -58,14 +58,6 @@ async def bus(nats_url: str) -> AsyncIterator[NatsEventBus]:
         yield nats_bus
     finally:
         await nats_bus.close()
-
-
-async def eventually(check: Callable[[], Any], what: str, timeout_s: float = 20.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while not (found := check()):
-        assert time.monotonic() < deadline, f"{what} not seen within {timeout_s}s"
-        await asyncio.sleep(0.05)
-    return found
 
 
 def kubeconfig(path: Path, url: str) -> Path:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -11,6 +12,7 @@ from uuid import uuid4
 import pytest
 from agent_builders import allocation_created, simulated_agent
 from nats.aio.msg import Msg
+from support.polling import eventually as poll_until
 from tfagent.agent import AgentTimers, NodeAgent
 from tfcommon import subjects
 from tfcommon.bus import NatsEventBus
@@ -31,6 +33,7 @@ pytestmark = pytest.mark.integration
 
 FAST = AgentTimers(heartbeat_interval_s=0.2, sample_interval_s=0.2, discovery_interval_s=0.3)
 DEADLINE_S = 15.0
+eventually = functools.partial(poll_until, timeout_s=DEADLINE_S, every_s=0.02)
 
 
 @dataclass
@@ -55,13 +58,6 @@ class Observed:
 
     def of(self, kind: type[Message]) -> list[Message]:
         return [message for message in self.messages if isinstance(message, kind)]
-
-
-async def eventually(condition: Callable[[], bool], what: str) -> None:
-    deadline = asyncio.get_running_loop().time() + DEADLINE_S
-    while not condition():
-        assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.02)
 
 
 @pytest.fixture(scope="module")

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
+from support.polling import eventually
 from tfagent.core.deviceplugin import LimiterLibrary
 from tfagent.deviceplugin import api_pb2
 from tfagent.deviceplugin.server import KUBELET_SOCKET, DevicePlugins, serve_device_plugins
@@ -341,14 +342,16 @@ async def test_the_plugins_register_again_when_the_kubelet_restarts(tmp_path: Pa
         serve_device_plugins(DevicePlugins(plugin_dir, no_pods, dict), stopping, check_interval_s=0.05)
     )
     try:
-        await eventually(lambda: len(kubelet.registrations) == INDEX_RESOURCES)
+        await eventually(lambda: len(kubelet.registrations) == INDEX_RESOURCES, timeout_s=10.0, every_s=0.02)
         assert kubelet.server is not None
         await kubelet.server.stop(grace=None)
         for leftover in plugin_dir.iterdir():
             leftover.unlink()
         await restarted.start()
 
-        await eventually(lambda: len(restarted.registrations) == INDEX_RESOURCES)
+        await eventually(
+            lambda: len(restarted.registrations) == INDEX_RESOURCES, timeout_s=10.0, every_s=0.02
+        )
         devices = await restarted.list_devices("tensor-fusion.ai/index_0")
         assert len(devices) >= 8
     finally:
@@ -357,10 +360,3 @@ async def test_the_plugins_register_again_when_the_kubelet_restarts(tmp_path: Pa
         if restarted.server is not None:
             await restarted.server.stop(grace=None)
     assert not list(plugin_dir.glob("tfpool-*.sock"))
-
-
-async def eventually(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not condition():
-        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.02)

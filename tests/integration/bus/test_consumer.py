@@ -7,15 +7,17 @@ Each test consumes the commands of its own node (a work-queue consumer), so test
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from uuid import UUID, uuid4
 
 import pytest
 from opentelemetry import trace
+from support.polling import eventually as poll_until
 from tfcommon.bus import NatsEventBus
 from tfcommon.consumer import Handler, TransientError, run_pull_consumer
 from tfcommon.events import DiscoverGpus, Message, NodeDrained, derived_event_id
@@ -25,18 +27,11 @@ from tfcommon.telemetry import setup_telemetry
 pytestmark = pytest.mark.integration
 
 DEADLINE_S = 15.0
+eventually = functools.partial(poll_until, timeout_s=DEADLINE_S, every_s=0.02)
 
 
 def now() -> datetime:
     return datetime.now(UTC)
-
-
-async def eventually(condition: Callable[[], Awaitable[bool]], what: str) -> None:
-    deadline = time.monotonic() + DEADLINE_S
-    while not await condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 @dataclass
