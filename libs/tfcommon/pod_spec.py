@@ -53,6 +53,7 @@ AUTOSCALE_TARGET = PREFIX + "autoscale-target"
 IS_LOCAL_GPU = PREFIX + "is-local-gpu"
 POD_COUNTER_KEY = PREFIX + "pod-counter-key"
 TAKEOVER_SLOT = PREFIX + "takeover-slot"
+WORKLOAD_PROFILE = PREFIX + "workload-profile"
 
 # What the scheduler writes at bind, read by the device plugin and the agent.
 GPU_IDS = PREFIX + "gpu-ids"
@@ -84,16 +85,29 @@ class PodRequestError(ValueError):
     """A pod's `tensor-fusion.ai/*` annotation cannot be read; the message names it and the fix."""
 
 
-def parse_percent(key: str, raw: str) -> int:
-    """A compute percent annotation (`compute-percent-request`/`-limit`): a whole number 0..100, written
-    as a Kubernetes quantity (`50`). `50%` is refused, as TensorFusion's quantity parser refuses it."""
+def whole_percent(raw: str | int) -> int | None:
+    """`raw` as a whole percent of one GPU (0..100, a Kubernetes quantity such as `50`), or None when it
+    is none (`50%`, `0.5`, `150`): the one percent parser of every stop, annotations and profiles."""
     try:
-        number = parse_quantity(raw, what=f"annotation {key}")
+        number = parse_quantity(raw)
+    except QuantityError:
+        return None
+    if number.denominator != 1 or not 0 <= number <= 100:
+        return None
+    return int(number)
+
+
+def parse_percent(key: str, raw: str) -> int:
+    """A compute percent annotation (`compute-percent-request`/`-limit`, `whole_percent`); raises
+    `PodRequestError` naming `key`. `50%` is refused, as TensorFusion's quantity parser refuses it."""
+    value = whole_percent(raw)
+    if value is not None:
+        return value
+    try:
+        parse_quantity(raw)
     except QuantityError:
         raise PodRequestError(f"annotation {key}: {raw!r} is not {PERCENT_EXAMPLE}") from None
-    if number.denominator != 1 or not 0 <= number <= 100:
-        raise PodRequestError(f"annotation {key}: {raw!r} is outside 0..100; use {PERCENT_EXAMPLE}")
-    return int(number)
+    raise PodRequestError(f"annotation {key}: {raw!r} is outside 0..100; use {PERCENT_EXAMPLE}")
 
 
 def parse_duration_s(raw: str | None) -> int:

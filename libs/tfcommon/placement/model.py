@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import cached_property
 
-MAX_GPU_COUNT = 128
+from tfcommon.pod_spec import MAX_GPU_COUNT
+
 WHOLE_GPU_SHARE = 1000
 
 

@@ -28,6 +28,8 @@ from typing import Any
 from uuid import uuid4
 
 import httpx
+from tfcommon.pod_spec import DEFAULT_ISOLATION, DEFAULT_QOS, QOS_LEVELS
+from tfcommon.pod_spec import ISOLATION_MODES as POD_ISOLATION_MODES
 from tfcommon.quantities import (
     MissingUnitError,
     QuantityError,
@@ -41,8 +43,8 @@ from tfctl.commands.get import scheduler_url
 from tfctl.local_state import TOKEN_ENV, api_token, token_path
 
 EXIT_USAGE, EXIT_NOT_PLACED, EXIT_CONTROL_PLANE = 2, 3, 125
-QOS_LEVELS = ("low", "medium", "high", "critical")
-ISOLATION_MODES = ("shared", "soft", "hard")
+ISOLATION_MODES = tuple(mode for mode in POD_ISOLATION_MODES if mode != "partitioned")
+"""The pod contract's isolation modes but `partitioned`, which needs a partition template."""
 PLACEMENT_POLL_S = 0.5
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 ENDPOINTS_FILE = "endpoints.json"
@@ -71,9 +73,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--gpus", type=int, default=1, help="number of GPUs (default 1)")
     parser.add_argument("--gpu-model", help="required GPU model, e.g. H100 (default: any)")
     parser.add_argument("--pool", default="default", help="GPU pool (default: default)")
-    parser.add_argument("--qos", choices=QOS_LEVELS, default="medium", help="QoS class (default medium)")
     parser.add_argument(
-        "--isolation", choices=ISOLATION_MODES, default="soft", help="how limits are enforced (default soft)"
+        "--qos", choices=QOS_LEVELS, default=DEFAULT_QOS, help=f"QoS class (default {DEFAULT_QOS})"
+    )
+    parser.add_argument(
+        "--isolation",
+        choices=ISOLATION_MODES,
+        default=DEFAULT_ISOLATION,
+        help=f"how limits are enforced (default {DEFAULT_ISOLATION})",
     )
     parser.add_argument("--namespace", default="default", help="namespace the workload counts against")
     parser.add_argument("--name", help="workload name (default: run-<command>-<random>)")

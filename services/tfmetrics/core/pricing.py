@@ -15,6 +15,8 @@ from datetime import datetime
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
+from tfcommon.pod_spec import QOS_LEVELS
+
 from tfmetrics.core.billing import (
     DEFAULT_EVICTION_PROTECTION_PRICE_RATIO,
     PoolPricing,
@@ -22,7 +24,6 @@ from tfmetrics.core.billing import (
     QosPrice,
 )
 
-QOS_LEVELS = ("low", "medium", "high", "critical")
 DEFAULT_PER_TFLOPS_HOUR = Decimal("0.0069228")
 DEFAULT_PER_VRAM_GIB_HOUR = Decimal("0.01548")
 DEFAULT_LIMITS_OVER_REQUESTS = Decimal(1)

@@ -67,6 +67,7 @@ from tfcommon.pod_spec import (
     VRAM_LIMIT,
     VRAM_REQUEST,
     WORKLOAD,
+    WORKLOAD_PROFILE,
     PodRequestError,
     parse_duration_s,
     parse_percent,
@@ -88,7 +89,7 @@ from tfcommon.recommendations import Recommendation, workload_key
 
 from tfwebhook.core.autoscale import AUTOSCALE_SOURCE, Sizes, autoscale
 from tfwebhook.core.patch import JsonPatch, escape_pointer_token, json_diff
-from tfwebhook.core.profile import PROFILE, ProfileError, WorkloadProfile, with_profile
+from tfwebhook.core.profile import ProfileError, WorkloadProfile, with_profile
 from tfwebhook.core.vocabulary import unknown_keys
 from tfwebhook.core.workload import WorkloadIdentity, identify, pod_display_name
 
@@ -650,7 +651,7 @@ def _admit(original: Mapping[str, Any], context: AdmissionContext) -> Verdict:
     unknown = unknown_keys(labels, annotations)
     if unknown is not None:
         raise AdmissionDeniedError(unknown)
-    if PROFILE in annotations:
+    if WORKLOAD_PROFILE in annotations:
         try:
             annotations = with_profile(annotations, context.profiles, namespace)
         except ProfileError as error:

@@ -17,27 +17,38 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, get_args
+from typing import Any
 
-from tfcommon.events import IsolationMode, QosLevel
+from tfcommon.pod_spec import (
+    GPU_COUNT,
+    GPU_INDICES,
+    GPU_MODEL,
+    ISOLATION,
+    ISOLATION_MODES,
+    MAX_GPU_COUNT,
+    PERCENT_LIMIT,
+    PERCENT_REQUEST,
+    QOS,
+    QOS_LEVELS,
+    TFLOPS_LIMIT,
+    TFLOPS_REQUEST,
+    VENDOR,
+    VRAM_LIMIT,
+    VRAM_REQUEST,
+    whole_percent,
+)
+from tfcommon.pod_spec import WORKLOAD_PROFILE as PROFILE
 from tfcommon.quantities import (
     QuantityError,
     format_bytes,
     format_milli,
     parse_bytes,
     parse_milli,
-    parse_quantity,
 )
 
-from tfwebhook.core.vocabulary import PREFIX
-
-PROFILE = PREFIX + "workload-profile"
-QOS_LEVELS: tuple[str, ...] = get_args(QosLevel)
-ISOLATION_MODES: tuple[str, ...] = get_args(IsolationMode)
-TFLOPS_KEYS = (PREFIX + "tflops-request", PREFIX + "tflops-limit")
-PERCENT_KEYS = (PREFIX + "compute-percent-request", PREFIX + "compute-percent-limit")
-COUNT_KEYS = (PREFIX + "gpu-count", PREFIX + "gpu-indices")
-MAX_GPU_COUNT = 128
+TFLOPS_KEYS = (TFLOPS_REQUEST, TFLOPS_LIMIT)
+PERCENT_KEYS = (PERCENT_REQUEST, PERCENT_LIMIT)
+COUNT_KEYS = (GPU_COUNT, GPU_INDICES)
 
 
 class ProfileError(ValueError):
@@ -87,17 +98,12 @@ def _percent(section: Mapping[str, Any], path: str) -> str | None:
     value = section.get("compute")
     if value is None:
         return None
-    try:
-        number = parse_quantity(
-            value if isinstance(value, int) and not isinstance(value, bool) else str(value)
-        )
-    except QuantityError:
-        number = None
-    if number is None or number.denominator != 1 or not 0 <= number <= 100:
+    number = whole_percent(value if isinstance(value, int) and not isinstance(value, bool) else str(value))
+    if number is None:
         raise ProfileError(
             f"{path}.compute: {value!r}; use a whole percent of one GPU from 0 to 100, e.g. '50'"
         )
-    return str(int(number)) if number else None
+    return str(number) if number else None
 
 
 def _section(parent: Mapping[str, Any], key: str, path: str) -> Mapping[str, Any]:
@@ -154,24 +160,18 @@ def parse_profile(namespace: str, name: str, spec: Mapping[str, Any]) -> Workloa
     requests = _section(resources, "requests", "spec.resources")
     limits = _section(resources, "limits", "spec.resources")
     filled: dict[str, str | None] = {
-        PREFIX + "tflops-request": _quantity(
-            requests, "tflops", "spec.resources.requests", parse_milli, format_milli
-        ),
-        PREFIX + "tflops-limit": _quantity(
-            limits, "tflops", "spec.resources.limits", parse_milli, format_milli
-        ),
-        PREFIX + "vram-request": _quantity(
-            requests, "vram", "spec.resources.requests", parse_bytes, format_bytes
-        ),
-        PREFIX + "vram-limit": _quantity(limits, "vram", "spec.resources.limits", parse_bytes, format_bytes),
+        TFLOPS_REQUEST: _quantity(requests, "tflops", "spec.resources.requests", parse_milli, format_milli),
+        TFLOPS_LIMIT: _quantity(limits, "tflops", "spec.resources.limits", parse_milli, format_milli),
+        VRAM_REQUEST: _quantity(requests, "vram", "spec.resources.requests", parse_bytes, format_bytes),
+        VRAM_LIMIT: _quantity(limits, "vram", "spec.resources.limits", parse_bytes, format_bytes),
         PERCENT_KEYS[0]: _percent(requests, "spec.resources.requests"),
         PERCENT_KEYS[1]: _percent(limits, "spec.resources.limits"),
-        PREFIX + "qos": _choice(spec, "qos", QOS_LEVELS),
-        PREFIX + "isolation": _choice(spec, "isolation", ISOLATION_MODES),
-        PREFIX + "gpu-count": _gpu_count(spec),
-        PREFIX + "gpu-indices": _gpu_indices(spec),
-        PREFIX + "gpu-model": _text(spec, "gpuModel"),
-        PREFIX + "vendor": _text(spec, "vendor"),
+        QOS: _choice(spec, "qos", QOS_LEVELS),
+        ISOLATION: _choice(spec, "isolation", ISOLATION_MODES),
+        GPU_COUNT: _gpu_count(spec),
+        GPU_INDICES: _gpu_indices(spec),
+        GPU_MODEL: _text(spec, "gpuModel"),
+        VENDOR: _text(spec, "vendor"),
     }
     if any(filled[key] for key in TFLOPS_KEYS):
         for key in PERCENT_KEYS:

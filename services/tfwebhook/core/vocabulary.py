@@ -12,7 +12,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterable, Mapping
 
-PREFIX = "tensor-fusion.ai/"
+from tfcommon.pod_spec import PREFIX
 
 READ_ANNOTATIONS = frozenset(
     PREFIX + key
