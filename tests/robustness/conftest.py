@@ -11,8 +11,9 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
-from robust_stack import RunningStack, service_specs, service_url, wait_until_ready
+from robust_stack import RunningStack, service_specs
 from support.scratch_database import scratch_database
+from support.serving import service_url, wait_until_ready
 from tfcommon.infra import EmbeddedNats
 from tfcommon.runtime import serve
 

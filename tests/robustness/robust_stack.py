@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
-import pytest
 from pydantic import SecretStr
 from sqlalchemy.engine import make_url
 from tfagent.app import build as build_agent
@@ -67,29 +63,3 @@ def service_specs(nats_url: str, database_url: str, state_dir: Path) -> dict[str
         ),
         "metrics": build_metrics(MetricsSettings(port=free_port(), **shared)),
     }
-
-
-def service_url(spec: ServiceSpec[Any]) -> str:
-    """Where `spec` answers (HTTPS for the webhook)."""
-    return f"{'https' if spec.tls else 'http'}://127.0.0.1:{spec.port}"
-
-
-async def wait_until_ready(url: str, service: asyncio.Task[None], timeout_s: float = READY_TIMEOUT_S) -> None:
-    """Poll `url/readyz` until 200; fail with the last answer when `timeout_s` passes or the service dies."""
-    deadline = time.monotonic() + timeout_s
-    last = "no answer"
-    async with httpx.AsyncClient(verify=False, timeout=5) as client:
-        while True:
-            if service.done():
-                service.result()
-                pytest.fail(f"{url} stopped while starting")
-            try:
-                response = await client.get(f"{url}/readyz")
-                if response.status_code == 200:
-                    return
-                last = response.text
-            except httpx.TransportError as error:
-                last = type(error).__name__
-            if time.monotonic() > deadline:
-                pytest.fail(f"{url} not ready within {timeout_s}s: {last}")
-            await asyncio.sleep(0.05)

@@ -3,7 +3,6 @@ plan`'s rendering), configuration errors per pool, and `tfctl defrag run --now` 
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -13,13 +12,14 @@ from typing import Any
 import httpx
 import pytest
 from defrag_scenario import LocalSeed, StandInScheduler, build_scenario, running
+from support.serving import serving
 from tfcommon import subjects
 from tfcommon.bus import NatsEventBus
 from tfcommon.cluster.local import LocalCluster
 from tfcommon.events import DefragCampaignFinished, decode
 from tfcommon.infra import free_port
 from tfcommon.ledger.sql import SqlLedger
-from tfcommon.runtime import ServiceSpec, serve
+from tfcommon.runtime import ServiceSpec
 from tfcommon.settings import DatabaseSettings, DefragSettings, NatsSettings
 from tfctl.commands.defrag import _send, render_plan
 from tfdefrag.app import SERVICE, make_compose
@@ -46,25 +46,8 @@ gpuPools:
 
 @asynccontextmanager
 async def planner(spec: ServiceSpec[DefragSettings]) -> AsyncIterator[str]:
-    stop = asyncio.Event()
-    task = asyncio.create_task(serve(spec, stop=stop))
-    base = f"http://127.0.0.1:{spec.port}"
-    try:
-        async with httpx.AsyncClient() as client:
-            deadline = time.monotonic() + 30
-            while True:
-                try:
-                    if (await client.get(f"{base}/readyz")).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                assert not task.done(), "the planner stopped while starting"
-                assert time.monotonic() < deadline, "the planner was not ready within 30s"
-                await asyncio.sleep(0.05)
-        yield base
-    finally:
-        stop.set()
-        await asyncio.wait({task}, timeout=30)
+    async with serving(spec) as served:
+        yield served.url
 
 
 async def test_the_plan_api_and_the_manual_trigger(

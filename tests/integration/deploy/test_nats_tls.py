@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import os
 import ssl
 import subprocess
@@ -23,11 +22,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import httpx
 import nats
 import pytest
 import yaml
 from secured_nats_server import pod_admitted
+from support.serving import service_url, wait_until_ready
 from tfcommon.bus import NatsEventBus
 from tfcommon.infra import free_port, nats_server_binary, stop_process, wait_for_port
 from tfcommon.kube_local.helm import ensure_helm
@@ -251,13 +250,7 @@ async def test_a_service_started_without_the_ca_stops_naming_the_setting(
     stop = asyncio.Event()
     service = asyncio.create_task(serve(with_ca, stop=stop))
     try:
-        async with asyncio.timeout(30), httpx.AsyncClient(timeout=2) as client:
-            while True:
-                with contextlib.suppress(httpx.TransportError):
-                    if (await client.get(f"http://127.0.0.1:{with_ca.port}/readyz")).status_code == 200:
-                        break
-                assert not service.done(), service.exception()
-                await asyncio.sleep(0.1)
+        await wait_until_ready(service_url(with_ca), service, timeout_s=30, every_s=0.1)
     finally:
         stop.set()
         await service

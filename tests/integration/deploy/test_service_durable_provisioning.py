@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import asyncio
 
-import httpx
 import nats
 import pytest
 from nats.js.errors import NotFoundError
 from pydantic import SecretStr
 from secured_nats_server import SecuredNats
+from support.serving import wait_until_ready
 from tfcommon import subjects
 from tfcommon.bus import inbox_prefix_for
 from tfcommon.infra import free_port
@@ -45,23 +45,6 @@ async def existing_durables(server: SecuredNats) -> set[str]:
         await client.close()
 
 
-async def wait_until_ready(port: int, service: asyncio.Task[None]) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + DEADLINE_S
-    async with httpx.AsyncClient() as http:
-        while True:
-            if service.done():
-                service.result()
-                raise AssertionError("the service returned before it was ready")
-            try:
-                if (await http.get(f"http://127.0.0.1:{port}/readyz")).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            assert loop.time() < deadline, "the service did not become ready"
-            await asyncio.sleep(0.1)
-
-
 async def test_each_service_provisions_only_its_own_durables_as_its_own_user(
     secured_nats: SecuredNats, postgres_server_url: str
 ) -> None:
@@ -78,7 +61,7 @@ async def test_each_service_provisions_only_its_own_durables_as_its_own_user(
         stop = asyncio.Event()
         service = asyncio.create_task(serve(ServiceSpec(name=name, settings=settings, port=port), stop=stop))
         try:
-            await wait_until_ready(port, service)
+            await wait_until_ready(f"http://127.0.0.1:{port}", service, timeout_s=DEADLINE_S, every_s=0.1)
         finally:
             stop.set()
             await asyncio.wait_for(service, DEADLINE_S)

@@ -26,6 +26,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from support.clocks import SteppedClock
 from support.polling import eventually
 from support.scratch_database import libpq_conninfo, scratch_database
+from support.serving import serving
 from tfcommon import subjects
 from tfcommon.bus import NatsEventBus
 from tfcommon.config import ConfigSource, parse_config
@@ -36,7 +37,6 @@ from tfcommon.ledger.records import GpuSpec, NodeSpec, QoS, ReservationRequest, 
 from tfcommon.ledger.sql import SqlLedger
 from tfcommon.ledger.urls import ledger_url
 from tfcommon.recommendations import Recommendation
-from tfcommon.runtime import serve
 from tfcommon.settings import DatabaseSettings, MetricsSettings, NatsSettings
 from tfctl.main import main as tfctl_main
 from tfmetrics.app import build
@@ -126,31 +126,18 @@ async def stack(
         recommendation_interval_s=0.2,
         recommendation_min_samples=5,
     )
-    stop = asyncio.Event()
-    service = asyncio.create_task(serve(build(settings), stop=stop))
-    base_url = f"http://127.0.0.1:{settings.port}"
-
-    async def ready() -> bool | None:
-        async with httpx.AsyncClient(timeout=5) as client:
-            try:
-                return (await client.get(f"{base_url}/readyz")).status_code == 200 or None
-            except httpx.TransportError:
-                return None
-
-    await eventually(ready, timeout_s=30)
     try:
-        yield {
-            "url": base_url,
-            "gpus": gpus,
-            "nats_url": nats_url,
-            "ledger": ledger,
-            "clock": clock,
-            "config_file": config_file,
-            "database_url": database_url,
-        }
+        async with serving(build(settings)) as served:
+            yield {
+                "url": served.url,
+                "gpus": gpus,
+                "nats_url": nats_url,
+                "ledger": ledger,
+                "clock": clock,
+                "config_file": config_file,
+                "database_url": database_url,
+            }
     finally:
-        stop.set()
-        await asyncio.wait({service}, timeout=30)
         await ledger.close()
 
 

@@ -17,11 +17,11 @@ import pytest
 from support.clocks import SteppedClock
 from support.polling import eventually
 from support.scratch_database import libpq_conninfo
+from support.serving import serving
 from tfcommon.events import WorkloadRef
 from tfcommon.infra import free_port
 from tfcommon.ledger.records import GpuSpec, NodeSpec, ReservationRequest, Reserved, ShareRequest
 from tfcommon.ledger.sql import SqlLedger
-from tfcommon.runtime import serve
 from tfcommon.settings import DatabaseSettings, MetricsSettings, NatsSettings
 from tfmetrics.app import build
 
@@ -48,24 +48,9 @@ async def metrics_service(database_url: str, nats_url: str, clock: SteppedClock)
         refresh_interval_s=0.1,
         history_interval_s=60,
     )
-    stop = asyncio.Event()
-    service = asyncio.create_task(serve(build(settings, clock=clock), stop=stop))
-    base_url = f"http://127.0.0.1:{settings.port}"
-
-    async def ready() -> bool | None:
-        async with httpx.AsyncClient(timeout=5) as client:
-            try:
-                return (await client.get(f"{base_url}/readyz")).status_code == 200 or None
-            except httpx.TransportError:
-                return None
-
-    try:
-        await eventually(ready, timeout_s=30)
-        yield base_url
-    finally:
-        stop.set()
-        await asyncio.wait({service}, timeout=30)
-        assert service.done()
+    async with serving(build(settings, clock=clock)) as served:
+        yield served.url
+    assert served.task.done()
 
 
 async def history_of(base_url: str, **params: Any) -> dict[str, Any]:

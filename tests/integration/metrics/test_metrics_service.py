@@ -18,12 +18,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from support.clocks import SteppedClock
 from support.polling import eventually
 from support.scratch_database import scratch_database
+from support.serving import serving
 from tfcommon.bus import NatsEventBus
 from tfcommon.events import GpuUsage, GpuUsageReported, WorkloadRef
 from tfcommon.infra import free_port
 from tfcommon.ledger.records import GpuSpec, NodeSpec, ReservationRequest, Reserved, ShareRequest
 from tfcommon.ledger.sql import SqlLedger
-from tfcommon.runtime import serve
 from tfcommon.settings import DatabaseSettings, MetricsSettings, NatsSettings
 from tfctl.main import main as tfctl_main
 from tfmetrics.app import build
@@ -118,23 +118,10 @@ async def stack(
         gpu_cost_per_hour={"H100": Decimal("3.00")},
         refresh_interval_s=0.2,
     )
-    stop = asyncio.Event()
-    service = asyncio.create_task(serve(build(settings), stop=stop))
-    base_url = f"http://127.0.0.1:{settings.port}"
-
-    async def ready() -> bool | None:
-        async with httpx.AsyncClient(timeout=5) as client:
-            try:
-                return (await client.get(f"{base_url}/readyz")).status_code == 200 or None
-            except httpx.TransportError:
-                return None
-
-    await eventually(ready, timeout_s=30)
     try:
-        yield {"url": base_url, "node": node, "gpus": gpus, "nats_url": nats_url}
+        async with serving(build(settings)) as served:
+            yield {"url": served.url, "node": node, "gpus": gpus, "nats_url": nats_url}
     finally:
-        stop.set()
-        await asyncio.wait({service}, timeout=30)
         await ledger.close()
 
 
