@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
+from support.nats_servers import embedded_nats
 from support.scratch_database import scratch_database
 from tfcommon import subjects
 from tfcommon.bus import NatsEventBus
@@ -34,13 +35,8 @@ def nats_url() -> Iterator[str]:
     if configured:
         yield configured
         return
-    store_dir = Path(tempfile.mkdtemp(prefix="tfpool-test-nats-"))
-    server = EmbeddedNats(store_dir=store_dir, die_with_parent=True)  # nothing left if pytest is killed
-    try:
-        yield server.start()
-    finally:
-        server.stop()
-        shutil.rmtree(store_dir, ignore_errors=True)
+    with embedded_nats() as server:  # nothing left if pytest is killed
+        yield server.url
 
 
 @pytest.fixture(scope="session")
@@ -100,12 +96,8 @@ def local_kubernetes(request: pytest.FixtureRequest) -> Iterator[LocalKubernetes
 def own_nats(tmp_path: Path) -> Iterator[EmbeddedNats]:
     """A NATS server only this test uses, so that it may `stop()` it and `start()` it again (same port,
     same JetStream store)."""
-    server = EmbeddedNats(store_dir=tmp_path / "own-nats", die_with_parent=True)
-    server.start()
-    try:
+    with embedded_nats(tmp_path / "own-nats") as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 from robust_stack import RunningStack, service_specs
+from support.nats_servers import embedded_nats
 from support.scratch_database import scratch_database
 from support.serving import service_url, wait_until_ready
-from tfcommon.infra import EmbeddedNats
 from tfcommon.runtime import serve
 
 
@@ -26,13 +26,8 @@ def robust_database_url(postgres_server_url: str) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def robust_nats_url() -> Iterator[str]:
-    store_dir = Path(tempfile.mkdtemp(prefix="tfpool-robust-nats-"))
-    server = EmbeddedNats(store_dir=store_dir, die_with_parent=True)  # nothing left if pytest is killed
-    try:
-        yield server.start()
-    finally:
-        server.stop()
-        shutil.rmtree(store_dir, ignore_errors=True)
+    with embedded_nats(prefix="tfpool-robust-nats-") as server:
+        yield server.url
 
 
 @pytest.fixture(scope="module")

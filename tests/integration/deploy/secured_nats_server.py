@@ -3,19 +3,11 @@ an event they publish to it."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from uuid import uuid4
 
+from support.nats_servers import SecuredNats as SecuredNats
 from tfcommon import events
-
-
-@dataclass(frozen=True)
-class SecuredNats:
-    """Where the server listens and each user's password."""
-
-    url: str
-    passwords: dict[str, str]
 
 
 def pod_admitted(name: str = "trainer-0") -> events.PodAdmitted:

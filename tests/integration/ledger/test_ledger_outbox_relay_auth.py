@@ -6,21 +6,17 @@ from __future__ import annotations
 
 import asyncio
 import os
-import re
-import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
-from pathlib import Path
 from uuid import UUID
 
 import nats
 import pytest
 from nats.js.api import DeliverPolicy
 from sqlalchemy import select
+from support.nats_servers import SecuredNats, secured_nats_server
 from tfcommon.bus import inbox_prefix_for
 from tfcommon.events import AllocationCreated, decode, derived_event_id
-from tfcommon.infra import free_port, nats_server_binary, wait_for_port
 from tfcommon.ledger import tables
 from tfcommon.ledger.outbox import RELAY_NATS_USER
 from tfcommon.ledger.records import Reserved
@@ -30,50 +26,17 @@ from tfcommon.subjects import provision
 
 pytestmark = pytest.mark.integration
 
-NATS_CONFIG = Path(__file__).resolve().parents[3] / "deploy" / "nats" / "nats.conf"
 DEADLINE_S = 20.0
 
 
-@dataclass(frozen=True)
-class SecuredNatsServer:
-    url: str
-    passwords: dict[str, str]
+@pytest.fixture(scope="module")
+def secured_nats(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecuredNats]:
+    with secured_nats_server(tmp_path_factory.mktemp("relay-secured-nats"), "relay-test-") as server:
+        yield server
 
 
 @pytest.fixture(scope="module")
-def secured_nats(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecuredNatsServer]:
-    users = re.findall(r"user:\s*(\S+)\s+password:\s*\$(\w+)", NATS_CONFIG.read_text(encoding="utf-8"))
-    passwords = {user: f"relay-test-{user}" for user, _ in users}
-    store = tmp_path_factory.mktemp("relay-secured-nats")
-    port = free_port()
-    process = subprocess.Popen(
-        [
-            str(nats_server_binary()),
-            "-c", str(NATS_CONFIG),
-            "-a", "127.0.0.1",
-            "-p", str(port),
-            "-m", str(free_port()),
-            "-sd", str(store),
-            "-l", str(store / "nats-server.log"),
-        ],
-        env={"PATH": os.environ.get("PATH", ""), **{variable: passwords[user] for user, variable in users}},
-        stdin=subprocess.DEVNULL,
-        start_new_session=True,
-    )  # fmt: skip
-    try:
-        wait_for_port("127.0.0.1", port, 30.0, process)
-        yield SecuredNatsServer(url=f"nats://127.0.0.1:{port}", passwords=passwords)
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=10)
-
-
-@pytest.fixture(scope="module")
-async def provisioned(secured_nats: SecuredNatsServer) -> SecuredNatsServer:
+async def provisioned(secured_nats: SecuredNats) -> SecuredNats:
     client = await nats.connect(
         secured_nats.url,
         user=RELAY_NATS_USER,
@@ -122,7 +85,7 @@ async def start_relay(
 
 @pytest.fixture
 async def relay_as_scheduler(
-    provisioned: SecuredNatsServer, ledger_database_url: str
+    provisioned: SecuredNats, ledger_database_url: str
 ) -> AsyncIterator[asyncio.subprocess.Process]:
     relay = await start_relay(
         ledger_database_url,
@@ -138,7 +101,7 @@ async def relay_as_scheduler(
 
 
 async def test_relay_with_the_scheduler_credentials_publishes_on_the_secured_server(
-    provisioned: SecuredNatsServer, ledger: SqlLedger, relay_as_scheduler: asyncio.subprocess.Process
+    provisioned: SecuredNats, ledger: SqlLedger, relay_as_scheduler: asyncio.subprocess.Process
 ) -> None:
     event_id = await a_committed_reservation(ledger)
 
@@ -169,7 +132,7 @@ async def test_relay_with_the_scheduler_credentials_publishes_on_the_secured_ser
 
 
 async def test_relay_without_credentials_exits_with_an_error_naming_the_settings(
-    provisioned: SecuredNatsServer, ledger_database_url: str
+    provisioned: SecuredNats, ledger_database_url: str
 ) -> None:
     relay = await start_relay(ledger_database_url, provisioned.url, {})
 
@@ -181,7 +144,7 @@ async def test_relay_without_credentials_exits_with_an_error_naming_the_settings
 
 
 async def test_relay_with_a_user_but_no_password_is_refused_before_connecting(
-    provisioned: SecuredNatsServer, ledger_database_url: str
+    provisioned: SecuredNats, ledger_database_url: str
 ) -> None:
     relay = await start_relay(ledger_database_url, provisioned.url, {"TF_NATS_USER": RELAY_NATS_USER})
 

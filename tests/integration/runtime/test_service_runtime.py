@@ -63,23 +63,20 @@ async def readyz(base_url: str, status: int) -> dict[str, Any] | None:
     return response.json() if response.status_code == status else None
 
 
-async def test_readyz_turns_503_naming_nats_when_nats_goes_down(tmp_path: Path, database_url: str) -> None:
-    nats = EmbeddedNats(store_dir=tmp_path / "nats")
-    nats_url = nats.start()
-    try:
-        spec = spec_for(scheduler_settings(nats_url, database_url), no_components)
-        base_url = f"http://127.0.0.1:{spec.port}"
-        async with running(spec) as service:
-            ready = await eventually(lambda: readyz(base_url, 200))
-            assert ready["checks"] == {"nats": "ok", "postgres": "ok"}
-            nats.stop()
-            down = await eventually(lambda: readyz(base_url, 503))
-            assert down["down"] == ["nats"]
-            assert down["status"] == "not ready"
-            assert down["checks"]["postgres"] == "ok"
-        assert service.result() is None, "a service stops cleanly even when NATS is gone"
-    finally:
-        nats.stop()
+async def test_readyz_turns_503_naming_nats_when_nats_goes_down(
+    own_nats: EmbeddedNats, database_url: str
+) -> None:
+    spec = spec_for(scheduler_settings(own_nats.url, database_url), no_components)
+    base_url = f"http://127.0.0.1:{spec.port}"
+    async with running(spec) as service:
+        ready = await eventually(lambda: readyz(base_url, 200))
+        assert ready["checks"] == {"nats": "ok", "postgres": "ok"}
+        own_nats.stop()
+        down = await eventually(lambda: readyz(base_url, 503))
+        assert down["down"] == ["nats"]
+        assert down["status"] == "not ready"
+        assert down["checks"]["postgres"] == "ok"
+    assert service.result() is None, "a service stops cleanly even when NATS is gone"
 
 
 async def test_readyz_names_postgres_when_the_ledger_database_disappears(
