@@ -598,14 +598,16 @@ class Scheduler:
         keys = dict.fromkeys(
             stored.submission.gang.group_key for stored, _c in members if stored.submission.gang
         )
+        asked = {stored.allocation_id for stored, _c in members}
         for key in keys:
-            statuses.update(await self._place_gang(key, announce=announce))
+            statuses.update(await self._place_gang(key, announce=announce, asked=asked))
         return statuses
 
-    async def _place_gang(self, key: str, *, announce: bool) -> dict[UUID, WorkloadStatus]:
+    async def _place_gang(self, key: str, *, announce: bool, asked: set[UUID]) -> dict[UUID, WorkloadStatus]:
         """Reserve the pending members of gang `key` together, in one ledger transaction, once at least
         min-members of the gang (counting those placed) fit; otherwise reserve none and keep them
-        pending with the gang's numbers. Lock held."""
+        pending with the gang's numbers (announced, when `announce`, for the `asked` members; for the
+        others only when their reason changed). Lock held."""
         members = await self.store.gang_members(key)
         pending = [member for member in members if member.state == "pending"]
         if not pending:
@@ -616,13 +618,13 @@ class Scheduler:
         expired = timed_out(gang, [member.submitted_at for member in pending], self.clock())
         if len(members) < gang.min_members:
             count = GangCount(live=len(members), placed=placed, fit=None)
-            return await self._gang_wait(pending, gang_reason(gang, count, expired=expired), announce)
+            return await self._gang_wait(pending, gang_reason(gang, count, expired=expired), announce, asked)
         if any(member.submission.workload.namespace in self.quotas for member in pending):
             reason = (
                 f"gang {key}: gang placement in a namespace with a GPU quota is not supported; "
                 "remove tensor-fusion.ai/gang-enabled or the namespace's quota"
             )
-            return await self._gang_wait(pending, reason, announce)
+            return await self._gang_wait(pending, reason, announce, asked)
         wanted: list[tuple[StoredWorkload, PlacementRequest]] = []
         statuses: dict[UUID, WorkloadStatus] = {}
         for member in pending:
@@ -649,14 +651,17 @@ class Scheduler:
             count = GangCount(live=len(members), placed=placed, fit=outcome.fitted)
             statuses.update(
                 await self._gang_wait(
-                    [member for member, _w in wanted], gang_reason(gang, count, expired=expired), announce
+                    [member for member, _w in wanted],
+                    gang_reason(gang, count, expired=expired),
+                    announce,
+                    asked,
                 )
             )
             return statuses
         reserved = await self._reserve_gang(key, outcome.placements) if outcome.placements else []
         if reserved is None:
             reason = f"gang {key}: the ledger refused part of the gang, so none of it was reserved; retrying"
-            statuses.update(await self._gang_wait([member for member, _w in wanted], reason, announce))
+            statuses.update(await self._gang_wait([member for member, _w in wanted], reason, announce, asked))
             return statuses
         for member, record in reserved:
             self.active[record.allocation_id] = self._active(record, member)
@@ -667,7 +672,7 @@ class Scheduler:
                 f"gang {key}: {placed + len(reserved)} members are placed (min {gang.min_members}); "
                 "this one does not fit now"
             )
-            statuses.update(await self._gang_wait(left, reason, announce))
+            statuses.update(await self._gang_wait(left, reason, announce, asked))
         if not reserved:
             return statuses
         log.info("gang placed", extra={"gang": key, "placed": len(reserved), "outcome": "placed"})
@@ -713,10 +718,16 @@ class Scheduler:
         ]
 
     async def _gang_wait(
-        self, members: list[StoredWorkload], reason: str, announce: bool
+        self, members: list[StoredWorkload], reason: str, announce: bool, asked: set[UUID]
     ) -> dict[UUID, WorkloadStatus]:
-        """Keep gang members pending with `reason` (announced when asked or when the reason changed)."""
-        return await self._wait_many([(member, None, reason, None) for member in members], announce)
+        """Keep gang members pending with `reason`: announced for the `asked` ones when `announce`, and for
+        every member whose reason changed (a gang's retry does not announce each member again)."""
+        waiting: list[tuple[StoredWorkload, UUID | None, str, Rejection | None]] = [
+            (member, None, reason, None) for member in members
+        ]
+        statuses = await self._wait_many([w for w in waiting if w[0].allocation_id in asked], announce)
+        statuses.update(await self._wait_many([w for w in waiting if w[0].allocation_id not in asked], False))
+        return statuses
 
     def _tentatives(
         self, entries: list[tuple[StoredWorkload, UUID | None]]

@@ -9,9 +9,11 @@ from datetime import UTC, datetime, timedelta
 from uuid import uuid4
 
 import pytest
+import sqlalchemy as sa
 from scheduler_builders import GIB, a_submission, register_named_node
 from tfcommon.bus import NatsEventBus
-from tfcommon.events import WorkloadRef
+from tfcommon.events import WorkloadRef, WorkloadUnschedulable
+from tfcommon.ledger import tables
 from tfcommon.ledger.records import InsufficientCapacity, ReservationRequest, ShareRequest
 from tfcommon.ledger.sql import SqlLedger
 from tfscheduler.engine import Scheduler
@@ -39,6 +41,16 @@ async def started(
     scheduler = Scheduler(ledger, bus, heartbeat_timeout=LONG, clock=clock)
     await scheduler.start()
     return scheduler
+
+
+async def unschedulable_events(ledger: SqlLedger) -> int:
+    async with ledger.engine.connect() as connection:
+        count = await connection.scalar(
+            sa.select(sa.func.count())
+            .select_from(tables.outbox)
+            .where(tables.outbox.c.subject == WorkloadUnschedulable.subject)
+        )
+    return int(count or 0)
 
 
 def member(n: int, *, min_members: int, timeout_s: int = 0, key: str = "team-a/train") -> Submission:
@@ -72,6 +84,14 @@ async def test_a_gang_of_four_on_three_cards_reserves_none_and_times_out_naming_
         assert current.reason is not None
         assert current.reason.startswith("gang team-a/train timed out after 30s: 3 of min 4 members fit")
     assert await ledger.active_allocations() == []
+    timed_out = await unschedulable_events(ledger)
+
+    again = await scheduler.submit(member(0, min_members=4, timeout_s=30))  # Kubernetes mode's retry
+
+    assert again.state == "pending"
+    assert await unschedulable_events(ledger) == timed_out + 1, (
+        "only the resubmitted member is announced again"
+    )
 
 
 async def test_no_member_is_placed_before_min_members_exist_then_all_together(
