@@ -6,7 +6,8 @@ label), `gpu-count`, `gpu-indices`, `tflops-request`/`-limit`, `vram-request`/`-
 `compute-percent-request`/`-limit`, `gpu-model`, `qos` and `isolation`. An annotation that cannot be read
 raises `PodRequestError`, whose message names the annotation and a valid value. The keys, the vocabulary
 and the value parsers are the pod contract's (`tfcommon.pod_spec`), shared with the webhook and the
-device plugin, so a value one stop refuses every stop refuses.
+device plugin, so a value one stop refuses every stop refuses. `gpu_request_annotations` writes a request
+back as those annotations (the local scheduler API lists its workloads so, for the defrag planner).
 """
 
 from __future__ import annotations
@@ -38,9 +39,16 @@ from tfcommon.pod_spec import (
     PodRequestError,
     parse_percent,
 )
-from tfcommon.quantities import QuantityError, parse_bytes, parse_milli
+from tfcommon.quantities import QuantityError, format_bytes, format_milli, parse_bytes, parse_milli
 
-__all__ = ["MAX_GPU_COUNT", "PREFIX", "PodRequestError", "gpu_indices_of", "gpu_request_of"]
+__all__ = [
+    "MAX_GPU_COUNT",
+    "PREFIX",
+    "PodRequestError",
+    "gpu_indices_of",
+    "gpu_request_annotations",
+    "gpu_request_of",
+]
 
 
 def gpu_indices_of(pod: Pod) -> tuple[int, ...]:
@@ -89,6 +97,28 @@ def gpu_request_of(pod: Pod, *, default_pool: str = "default") -> GpuRequest:
         qos=cast(QosLevel, _choice(annotations, QOS, QOS_LEVELS, DEFAULT_QOS)),
         isolation=cast(IsolationMode, _choice(annotations, ISOLATION, ISOLATION_MODES, DEFAULT_ISOLATION)),
     )
+
+
+def gpu_request_annotations(request: GpuRequest) -> dict[str, str]:
+    """`request` written back as the annotations `gpu_request_of` reads it from (canonical text), so that
+    `gpu_request_of` of a pod carrying them returns `request`. A compute-percent request is written as
+    `compute-percent-request` and `-limit` (a `GpuRequest` has no percent limit) and no TFLOPS."""
+    annotations = {
+        GPUPOOL: request.pool,
+        GPU_COUNT: str(request.gpu_count),
+        VRAM_REQUEST: format_bytes(request.vram_request_bytes),
+        VRAM_LIMIT: format_bytes(request.vram_limit_bytes),
+        QOS: request.qos,
+        ISOLATION: request.isolation,
+    }
+    if request.compute_percent_request is not None:
+        annotations[PERCENT_REQUEST] = annotations[PERCENT_LIMIT] = str(request.compute_percent_request)
+    else:
+        annotations[TFLOPS_REQUEST] = format_milli(request.tflops_request_milli)
+        annotations[TFLOPS_LIMIT] = format_milli(request.tflops_limit_milli)
+    if request.gpu_model:
+        annotations[GPU_MODEL] = request.gpu_model
+    return annotations
 
 
 def _count(raw: str | None) -> int:

@@ -20,7 +20,8 @@ from sqlalchemy.exc import OperationalError
 from starlette.types import ASGIApp, Receive, Scope, Send
 from tfcommon.ledger.records import OPERATOR_NODE_LABELS, AllocationRecord, NodeRecord
 from tfcommon.placement import PlacementRequestError
-from tfcommon.pod_spec import GPU_IDS, GPU_MODEL
+from tfcommon.pod_request import gpu_request_annotations
+from tfcommon.pod_spec import GPU_IDS
 from tfcommon.runtime import DATABASE_UNAVAILABLE, FALLBACK_APP, UNAVAILABLE_RETRY_AFTER_S, request_body
 from tfcommon.service_metrics import record_request_duration
 
@@ -37,9 +38,6 @@ from tfscheduler.engine import Scheduler, placement_mode
 from tfscheduler.submission import Submission, WorkloadStatus
 from tfscheduler.takeovers import TakeoverCounter
 from tfscheduler.workloads import StoredWorkload
-
-GPU_MODEL_ANNOTATION = GPU_MODEL
-GPU_IDS_ANNOTATION = GPU_IDS
 
 REFUSED_OR_INVALID: dict[int | str, dict[str, Any]] = {
     422: {
@@ -245,9 +243,9 @@ def build_router(scheduler: Scheduler, api_token: SecretStr | None) -> APIRouter
             stored = await scheduler.store.by_ids(list(records))
             for allocation_id, workload in stored.items():
                 if workload.state == "placed":
-                    listed.append(_listing(workload, records[allocation_id]))
+                    listed.append(workload_listing(workload, records[allocation_id]))
         if state in (None, "pending"):
-            listed += [_listing(workload, None) for workload in await scheduler.store.pending()]
+            listed += [workload_listing(workload, None) for workload in await scheduler.store.pending()]
         return sorted(listed, key=lambda item: (item["namespace"], item["name"], item["submitted_at"]))
 
     @router.get("/workloads/{workload_id}")
@@ -463,11 +461,14 @@ class Eviction(BaseModel):
     )
 
 
-def _listing(workload: StoredWorkload, record: AllocationRecord | None) -> dict[str, Any]:
+def workload_listing(workload: StoredWorkload, record: AllocationRecord | None) -> dict[str, Any]:
+    """One entry of `GET /api/v1/workloads`: the workload as the pod a controller would have made, its
+    request written as the pod contract's annotations (`gpu_request_annotations`, which the defrag
+    planner reads back with `gpu_request_of`, as from a pod in Kubernetes) plus `gpu-ids` once placed."""
     submission = workload.submission
-    annotations = {GPU_MODEL_ANNOTATION: submission.request.gpu_model} if submission.request.gpu_model else {}
+    annotations = gpu_request_annotations(submission.request)
     if record is not None:
-        annotations[GPU_IDS_ANNOTATION] = ",".join(share.gpu_uuid for share in record.shares)
+        annotations[GPU_IDS] = ",".join(share.gpu_uuid for share in record.shares)
     return {
         "id": str(workload.allocation_id),
         "namespace": submission.workload.namespace,

@@ -3,14 +3,24 @@ device plugin and `tfctl submit` (local mode) read the same annotations the same
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
+from uuid import uuid4
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from tfagent.core.deviceplugin import AllocationRefusedError, container_envs
 from tfcommon.cluster.model import Pod
+from tfcommon.cluster.scheduler_api import pod_from_workload
 from tfcommon.config import TfConfig
+from tfcommon.events import GpuRequest, WorkloadRef
+from tfcommon.pod_request import gpu_request_annotations, gpu_request_of
 from tfctl.commands.submit import submission_for
+from tfscheduler.api import workload_listing
 from tfscheduler.core import binding
+from tfscheduler.submission import Submission
+from tfscheduler.workloads import StoredWorkload
 from tfwebhook.core.admission import AdmissionContext, Admitted, Denied, admit
 from tfwebhook.testing import a_pod, apply, opted_in
 
@@ -88,3 +98,55 @@ def test_tfctl_submit_refuses_an_eviction_protection_that_is_no_duration() -> No
         f"denied by admission: annotation {T}eviction-protection: 'soon' is not a duration; "
         "use Go syntax, e.g. 30m or 1h30m"
     )
+
+
+def test_the_local_scheduler_api_lists_a_workload_with_the_request_the_defrag_planner_reads_back() -> None:
+    request = GpuRequest(
+        pool="training",
+        gpu_count=2,
+        tflops_request_milli=0,
+        tflops_limit_milli=0,
+        vram_request_bytes=8 * 1024**3,
+        vram_limit_bytes=16 * 1024**3,
+        compute_percent_request=30,
+        gpu_model="H100",
+        qos="high",
+        isolation="hard",
+    )
+    submission = Submission(workload=WorkloadRef(namespace="ml-team-a", name="trainer"), request=request)
+    stored = StoredWorkload(uuid4(), submission, "placed", None, datetime.now(UTC))
+    listed = pod_from_workload(workload_listing(stored, None))
+    assert gpu_request_of(listed) == request
+
+
+@given(
+    st.builds(
+        GpuRequest,
+        pool=st.sampled_from(["default", "training"]),
+        gpu_count=st.integers(1, 128),
+        tflops_request_milli=st.integers(0, 10**6),
+        tflops_limit_milli=st.just(0),
+        vram_request_bytes=st.integers(0, 2**40),
+        vram_limit_bytes=st.just(0),
+        compute_percent_request=st.none(),
+        gpu_model=st.sampled_from([None, "H100", "A100-SXM4-80GB"]),
+        qos=st.sampled_from(["low", "medium", "high", "critical"]),
+        isolation=st.sampled_from(["shared", "soft", "hard", "partitioned"]),
+    ),
+    st.integers(0, 10**6),
+    st.integers(0, 2**40),
+    st.one_of(st.none(), st.integers(0, 100)),
+)
+def test_a_request_written_as_annotations_reads_back_the_same(
+    base: GpuRequest, tflops_extra: int, vram_extra: int, percent: int | None
+) -> None:
+    request = base.model_copy(
+        update={
+            "tflops_request_milli": 0 if percent is not None else base.tflops_request_milli,
+            "tflops_limit_milli": 0 if percent is not None else base.tflops_request_milli + tflops_extra,
+            "vram_limit_bytes": base.vram_request_bytes + vram_extra,
+            "compute_percent_request": percent,
+        }
+    )
+    written = gpu_request_annotations(request)
+    assert gpu_request_of(_cluster_pod(written)) == request
