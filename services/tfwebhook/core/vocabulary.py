@@ -38,9 +38,14 @@ READ_ANNOTATIONS = frozenset(
         "autoscale-target",
         "eviction-protection",
         "workload-profile",
+        "gang-enabled",
+        "gang-min-members",
+        "gang-timeout",
+        "gang-required-members",
+        "gang-group-key",
     )
 )
-"""Annotations the webhook or the scheduler reads from a pod."""
+"""Annotations the webhook or the scheduler reads from a pod (the scheduler places `gang-*` gangs)."""
 
 WRITTEN_ANNOTATIONS = frozenset(
     PREFIX + key
@@ -65,12 +70,7 @@ IGNORED_ANNOTATIONS = frozenset(
         "embedded-worker",
         "partition-id",
         "worker-pod-template",
-        "gang-enabled",
-        "gang-min-members",
-        "gang-timeout",
         "gang-desired-members",
-        "gang-required-members",
-        "gang-group-key",
         "disable-features",
         "workload",
         "selected-workload",
