@@ -20,14 +20,16 @@ from typing import Any, Literal, Protocol
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from tfcommon.events import IsolationMode, QosLevel
+
 LOG = logging.getLogger(__name__)
 
 DEFAULT_NATIVE_GPU_RESOURCES: tuple[str, ...] = ("nvidia.com/gpu", "amd.com/gpu")
 _LABEL_VALUE = re.compile(r"^(?:[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)$")
 _RESOURCE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 
-QosName = Literal["low", "medium", "high", "critical"]
-IsolationName = Literal["shared", "soft", "hard", "partitioned"]
+QosName = QosLevel
+IsolationName = IsolationMode
 
 
 class ConfigError(ValueError):

@@ -9,21 +9,21 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Literal
+from typing import Literal, get_args
 from uuid import UUID
 
-from tfcommon.events import WorkloadRef
+from tfcommon.events import IsolationMode, QosLevel, WorkloadRef
 from tfcommon.quantities import format_bytes, format_milli
 
-QoS = Literal["low", "medium", "high", "critical"]
-Isolation = Literal["shared", "soft", "hard", "partitioned"]
+QoS = QosLevel
+Isolation = IsolationMode
 GpuPhase = Literal["Pending", "Running", "Updating", "Unknown", "Destroying", "Migrating"]
 AllocationState = Literal["reserved", "committed", "released"]
 HistoryKind = Literal["opened", "committed", "released", "evicted"]
 Resource = Literal["tflops", "vram"]
 
-QOS_LEVELS: tuple[QoS, ...] = ("low", "medium", "high", "critical")
-ISOLATION_MODES: tuple[Isolation, ...] = ("shared", "soft", "hard", "partitioned")
+QOS_LEVELS: tuple[QoS, ...] = get_args(QosLevel)
+ISOLATION_MODES: tuple[Isolation, ...] = get_args(IsolationMode)
 GPU_PHASES: tuple[GpuPhase, ...] = ("Pending", "Running", "Updating", "Unknown", "Destroying", "Migrating")
 
 

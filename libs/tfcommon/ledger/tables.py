@@ -45,6 +45,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import JSONB
 
+from tfcommon.pod_spec import ISOLATION_MODES, QOS_LEVELS
+
 NAMING_CONVENTION = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
     "uq": "uq_%(table_name)s_%(column_0_N_name)s",
@@ -54,8 +56,6 @@ NAMING_CONVENTION = {
 }
 
 GPU_PHASES = ("Pending", "Running", "Updating", "Unknown", "Destroying", "Migrating")
-QOS_LEVELS = ("low", "medium", "high", "critical")
-ISOLATION_MODES = ("shared", "soft", "hard", "partitioned")
 ALLOCATION_STATES = ("reserved", "committed", "released")
 HISTORY_KINDS = ("opened", "committed", "released", "evicted")
 
