@@ -8,19 +8,20 @@ and stops it with SIGINT; `kubectl()` runs the real kubectl against its admin ku
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 from stack_up import read_summary, stack_environment
+from support.polling import wait_for
 
 T = TypeVar("T")
 
@@ -82,17 +83,9 @@ def kubectl_json(kubeconfig: str, *arguments: str) -> dict[str, Any]:
     return decoded
 
 
-def eventually(what: str, check: Callable[[], T | None], *, within_s: float = 30.0) -> T:
-    """Poll `check` every half second until it returns something truthy; fail naming `what` after
-    `within_s`."""
-    deadline = time.monotonic() + within_s
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not within {within_s:.0f}s")
-        time.sleep(0.5)
+eventually = functools.partial(wait_for, within_s=30.0, every_s=0.5)
+"""`eventually(what, check, within_s=...)`: poll `check` every half second until it returns something
+truthy; fail naming `what` after `within_s` (30 s unless given)."""
 
 
 @contextlib.contextmanager

@@ -1,4 +1,5 @@
-"""`eventually`: poll a condition until it holds, failing the test with what was awaited."""
+"""Poll a condition until it holds, failing the test with what was awaited: `eventually` in an event
+loop (the probe plain or async), `wait_for` in plain code (subprocesses, kubectl, a remote API)."""
 
 from __future__ import annotations
 
@@ -34,3 +35,16 @@ async def eventually(
         if time.monotonic() > deadline:
             raise AssertionError(f"{what} not met within {timeout_s}s")
         await asyncio.sleep(every_s)
+
+
+def wait_for(what: str, check: Callable[[], T | None], *, within_s: float, every_s: float) -> T:
+    """Call `check` every `every_s` until it returns something truthy, and return that; raise
+    AssertionError naming `what` once `within_s` has passed. Blocks: for code outside an event loop."""
+    deadline = time.monotonic() + within_s
+    while True:
+        result = check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not within {within_s:.0f}s")
+        time.sleep(every_s)

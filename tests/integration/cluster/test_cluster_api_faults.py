@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import signal
@@ -27,7 +28,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -36,6 +37,7 @@ from typing import Any, TypeVar
 import httpx
 import pytest
 from cluster_control_plane import admin_client
+from support.polling import wait_for
 from tfcommon.infra import EmbeddedNats, free_port
 from tfcommon.kube_local import KWOK_NODE_ANNOTATION, LocalKubernetes
 from tfcommon.ledger.sql import SqlLedger
@@ -57,13 +59,8 @@ REPLICAS = ("scheduler-a", "scheduler-b")
 SETTLE_S = 60.0
 
 
-def eventually(what: str, check: Callable[[], T | None], within_s: float = SETTLE_S) -> T:
-    deadline = time.monotonic() + within_s
-    while not (result := check()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not within {within_s:.0f}s")
-        time.sleep(0.05)
-    return result
+eventually = functools.partial(wait_for, within_s=SETTLE_S, every_s=0.05)
+"""`eventually(what, check, within_s=...)`: poll `check` until truthy, failing after `within_s`."""
 
 
 # -- the control plane as the admin ----------------------------------------------------------------
