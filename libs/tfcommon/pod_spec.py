@@ -54,6 +54,7 @@ IS_LOCAL_GPU = PREFIX + "is-local-gpu"
 POD_COUNTER_KEY = PREFIX + "pod-counter-key"
 TAKEOVER_SLOT = PREFIX + "takeover-slot"
 WORKLOAD_PROFILE = PREFIX + "workload-profile"
+AUTOSCALE_SOURCE = PREFIX + "autoscale-source"
 
 # What the scheduler writes at bind, read by the device plugin and the agent.
 GPU_IDS = PREFIX + "gpu-ids"

@@ -16,11 +16,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from tfcommon.pod_spec import GPUPOOL
 from tfcommon.quantities import format_bytes, format_milli
 
 from tfagent.core.inventory import GpuDevice, GpuPhase, NodeInventory
 
-POOL_LABEL = "tensor-fusion.ai/gpupool"
+POOL_LABEL = GPUPOOL
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 VENDOR = "NVIDIA"
 USED_BY = "tensor-fusion"

@@ -12,10 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tfcommon.pod_spec import AUTOSCALE_SOURCE as AUTOSCALE_SOURCE
 from tfcommon.quantities import format_bytes, format_milli
 from tfcommon.recommendations import Recommendation
-
-AUTOSCALE_SOURCE = "tensor-fusion.ai/autoscale-source"
 
 
 @dataclass(frozen=True)
