@@ -8,21 +8,17 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from uuid import uuid4
 
 import psycopg
 import pytest
 from sqlalchemy.engine import make_url
+from support.scratch_database import libpq_conninfo, scratch_database
 from tfcommon.ledger.migrate import current_revision, head_revision, upgrade_head
 
 pytestmark = pytest.mark.integration
 
 ROLES_SQL = Path(__file__).resolve().parents[3] / "deploy" / "postgres" / "roles.sql"
 PASSWORDS = {"migrate": "migrate-secret", "app": "app-secret"}
-
-
-def libpq(url: str) -> str:
-    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
 
 
 def as_role(database_url: str, role: str) -> str:
@@ -34,7 +30,7 @@ def as_role(database_url: str, role: str) -> str:
 
 
 def apply_roles(database_url: str) -> None:
-    with psycopg.connect(libpq(database_url), autocommit=True) as connection:
+    with psycopg.connect(libpq_conninfo(database_url), autocommit=True) as connection:
         connection.execute("SELECT set_config('tfpool.migrate_password', %s, false)", [PASSWORDS["migrate"]])
         connection.execute("SELECT set_config('tfpool.app_password', %s, false)", [PASSWORDS["app"]])
         connection.execute(ROLES_SQL.read_text())
@@ -42,21 +38,14 @@ def apply_roles(database_url: str) -> None:
 
 @pytest.fixture(scope="module")
 def roles_database_url(postgres_server_url: str) -> Iterator[str]:
-    name = f"deploy_roles_{uuid4().hex[:12]}"
-    with psycopg.connect(libpq(postgres_server_url), autocommit=True) as connection:
-        connection.execute(f'CREATE DATABASE "{name}"')
-    url = make_url(postgres_server_url).set(database=name).render_as_string(hide_password=False)
-    try:
+    with scratch_database(postgres_server_url, "deploy_roles", migrated=False) as url:
         apply_roles(url)
         upgrade_head(as_role(url, "tfpool_migrate"))
         yield url
-    finally:
-        with psycopg.connect(libpq(postgres_server_url), autocommit=True) as connection:
-            connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def ledger_tables(database_url: str) -> list[str]:
-    with psycopg.connect(libpq(database_url)) as connection:
+    with psycopg.connect(libpq_conninfo(database_url)) as connection:
         rows = connection.execute(
             "SELECT tablename FROM pg_tables WHERE schemaname = 'public' ORDER BY tablename"
         ).fetchall()
@@ -70,7 +59,7 @@ def test_migrate_role_brings_the_schema_to_the_newest_revision(roles_database_ur
 
 def test_services_role_reads_and_writes_every_ledger_table(roles_database_url: str) -> None:
     tables = ledger_tables(roles_database_url)
-    with psycopg.connect(libpq(as_role(roles_database_url, "tfpool_app"))) as connection:
+    with psycopg.connect(libpq_conninfo(as_role(roles_database_url, "tfpool_app"))) as connection:
         for table in tables:
             for privilege in ("SELECT", "INSERT", "UPDATE", "DELETE"):
                 row = connection.execute(
@@ -92,7 +81,7 @@ def test_services_role_reads_and_writes_every_ledger_table(roles_database_url: s
 )
 def test_services_role_cannot_change_the_schema(roles_database_url: str, statement: str) -> None:
     with (
-        psycopg.connect(libpq(as_role(roles_database_url, "tfpool_app"))) as connection,
+        psycopg.connect(libpq_conninfo(as_role(roles_database_url, "tfpool_app"))) as connection,
         pytest.raises(psycopg.errors.InsufficientPrivilege),
     ):
         connection.execute(statement)
