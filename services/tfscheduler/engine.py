@@ -133,6 +133,8 @@ class Active:
     record: AllocationRecord
     priority: Priority
     protected_until: datetime | None
+    gang: str | None = None
+    """The gang group key of a gang member: preemption never evicts one (it would split the gang)."""
 
 
 def placement_mode(config: TfConfig, pool: str) -> str:
@@ -299,7 +301,8 @@ class Scheduler:
         submission = stored.submission
         protection = submission.eviction_protection_s
         until = record.created_at + timedelta(seconds=protection) if protection else None
-        return Active(record, Priority.of(submission.priority, submission.request.qos), until)
+        gang = submission.gang.group_key if submission.gang is not None else None
+        return Active(record, Priority.of(submission.priority, submission.request.qos), until, gang)
 
     async def _rebuild_node(self, name: str) -> None:
         async with self.ledger.engine.connect() as connection:
@@ -1125,10 +1128,11 @@ class Scheduler:
 
     def _candidates(self, below: Priority) -> list[Candidate]:
         """The allocations a workload of priority `below` may preempt: lower priority, not a defrag
-        hold (capacity kept for a pod in flight, with no pod to evict)."""
+        hold (capacity kept for a pod in flight, with no pod to evict), not a gang member (evicting one
+        would split its gang)."""
         candidates = []
         for active in self.active.values():
-            if active.priority >= below or active.record.allocation_id in self.holds:
+            if active.priority >= below or active.record.allocation_id in self.holds or active.gang:
                 continue
             node = self.view.nodes.get(active.record.node)
             if node is None:

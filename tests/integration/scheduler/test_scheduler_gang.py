@@ -160,3 +160,15 @@ async def test_a_ledger_refusal_mid_gang_leaves_nothing_reserved(
     assert [allocation.allocation_id for allocation in active] == [outsider.allocation_id]
     assert fourth.reason is not None
     assert "gang team-a/train" in fourth.reason
+
+
+async def test_preemption_never_evicts_a_gang_member(ledger: SqlLedger, bus: NatsEventBus) -> None:
+    scheduler = await started(ledger, bus, cards=2, clock=Clock())
+    gang = [await scheduler.submit(member(n, min_members=2)) for n in range(2)]
+    assert [status.state for status in gang] == ["pending", "placed"]
+
+    urgent = await scheduler.submit(a_submission(name="urgent", vram_bytes=CARD, priority=1_000_000))
+
+    assert urgent.state == "pending"
+    active = {allocation.allocation_id for allocation in await ledger.active_allocations()}
+    assert active == {status.id for status in gang}
