@@ -13,6 +13,7 @@ back as those annotations (the local scheduler API lists its workloads so, for t
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import cast
 
 from tfcommon.cluster.model import Pod
@@ -44,8 +45,10 @@ from tfcommon.quantities import QuantityError, format_bytes, format_milli, parse
 __all__ = [
     "MAX_GPU_COUNT",
     "PREFIX",
+    "GpuLimits",
     "PodRequestError",
     "gpu_indices_of",
+    "gpu_limits_of",
     "gpu_request_annotations",
     "gpu_request_of",
 ]
@@ -99,6 +102,26 @@ def gpu_request_of(pod: Pod, *, default_pool: str = "default") -> GpuRequest:
     )
 
 
+@dataclass(frozen=True)
+class GpuLimits:
+    """What the limiter holds each of a pod's GPUs to, from its limit annotations; None: not annotated."""
+
+    tflops_limit_milli: int | None
+    vram_limit_bytes: int | None
+    compute_percent_limit: int | None
+
+
+def gpu_limits_of(pod: Pod) -> GpuLimits:
+    """The pod's `tflops-limit`, `vram-limit` and `compute-percent-limit` as the webhook wrote them (the
+    device plugin's limit variables); raises `PodRequestError` as `gpu_request_of` does."""
+    annotations = pod.annotations
+    return GpuLimits(
+        tflops_limit_milli=_quantity(annotations, TFLOPS_LIMIT, parse_milli, "20"),
+        vram_limit_bytes=_quantity(annotations, VRAM_LIMIT, parse_bytes, "16Gi"),
+        compute_percent_limit=_percent(annotations, PERCENT_LIMIT),
+    )
+
+
 def gpu_request_annotations(request: GpuRequest) -> dict[str, str]:
     """`request` written back as the annotations `gpu_request_of` reads it from (canonical text), so that
     `gpu_request_of` of a pod carrying them returns `request`. A compute-percent request is written as
@@ -140,24 +163,27 @@ def _pair(
     parse: Callable[[str], int],
     example: str,
 ) -> tuple[int, int]:
-    values: list[int | None] = []
-    for key in (request_key, limit_key):
-        raw = annotations.get(key)
-        if raw is None or not raw.strip():
-            values.append(None)
-            continue
-        try:
-            values.append(int(parse(raw)))
-        except (QuantityError, ValueError) as error:
-            raise PodRequestError(
-                f"annotation {key}: {raw!r} is not a quantity ({error}); e.g. {example}"
-            ) from None
-    request, limit = values
+    request = _quantity(annotations, request_key, parse, example)
+    limit = _quantity(annotations, limit_key, parse, example)
     request = request if request is not None else (limit or 0)
     limit = limit if limit is not None else request
     if limit < request:
         raise PodRequestError(f"annotation {limit_key}: below {request_key}; set the limit >= the request")
     return request, limit
+
+
+def _quantity(
+    annotations: Mapping[str, str], key: str, parse: Callable[[str], int], example: str
+) -> int | None:
+    raw = annotations.get(key)
+    if raw is None or not raw.strip():
+        return None
+    try:
+        return int(parse(raw))
+    except (QuantityError, ValueError) as error:
+        raise PodRequestError(
+            f"annotation {key}: {raw!r} is not a quantity ({error}); e.g. {example}"
+        ) from None
 
 
 def _percent(annotations: Mapping[str, str], key: str) -> int | None:

@@ -3,9 +3,9 @@
 Pure: the shell hands in the pods on this node and what it already answered; this module decodes the
 pod index from the device request (`tfcommon.device_slots`), picks the container, and builds the
 container's environment: `NVIDIA_VISIBLE_DEVICES` with exactly the GPUs the scheduler chose, plus the
-limit variables of the pod's isolation mode, read with the pod contract's keys and parsers
-(`tfcommon.pod_spec`), so a value the webhook and the scheduler refuse is refused here with the same
-message. Refusals carry a message the kubelet shows on the pod.
+limit variables of the pod's isolation mode. The limits are read by the pod contract
+(`tfcommon.pod_request.gpu_limits_of`, with `tfcommon.pod_spec`'s parsers), so a value the webhook and
+the scheduler refuse is refused here with the same message. Refusals carry a message the kubelet shows on the pod.
 """
 
 from __future__ import annotations
@@ -22,14 +22,11 @@ from tfcommon.device_slots import (
     pod_index_from_annotation,
     pod_index_of,
 )
+from tfcommon.pod_request import GpuLimits, PodRequestError, gpu_limits_of
 from tfcommon.pod_spec import CONTAINER_GPUS as CONTAINER_GPUS_ANNOTATION
-from tfcommon.pod_spec import DEFAULT_ISOLATION, parse_percent
+from tfcommon.pod_spec import DEFAULT_ISOLATION
 from tfcommon.pod_spec import GPU_IDS as GPU_IDS_ANNOTATION
 from tfcommon.pod_spec import ISOLATION as ISOLATION_ANNOTATION
-from tfcommon.pod_spec import PERCENT_LIMIT as PERCENT_LIMIT_ANNOTATION
-from tfcommon.pod_spec import TFLOPS_LIMIT as TFLOPS_LIMIT_ANNOTATION
-from tfcommon.pod_spec import VRAM_LIMIT as VRAM_LIMIT_ANNOTATION
-from tfcommon.quantities import QuantityError, parse_bytes, parse_milli
 
 # Every container of every pod in one block of 8 pod indexes may hold 1..8 devices of the same resource
 # at once (36 per container layout), so the pool must be large: 1024 covers 28 injected containers per pod.
@@ -121,17 +118,15 @@ def _container_gpus(pod: Pod, container: str) -> tuple[str, ...]:
     return gpus
 
 
-def _sm_percent(pod: Pod, gpu_uuids: Sequence[str], capacity_milli: Mapping[str, int]) -> int | None:
-    annotations = pod.annotations
-    if PERCENT_LIMIT_ANNOTATION in annotations:
-        return max(1, parse_percent(PERCENT_LIMIT_ANNOTATION, annotations[PERCENT_LIMIT_ANNOTATION]))
-    if TFLOPS_LIMIT_ANNOTATION not in annotations:
+def _sm_percent(limits: GpuLimits, gpu_uuids: Sequence[str], capacity_milli: Mapping[str, int]) -> int | None:
+    if limits.compute_percent_limit is not None:
+        return max(1, limits.compute_percent_limit)
+    if limits.tflops_limit_milli is None:
         return None
-    limit_milli = parse_milli(annotations[TFLOPS_LIMIT_ANNOTATION], what=TFLOPS_LIMIT_ANNOTATION)
     capacities = [capacity_milli[uuid] for uuid in gpu_uuids if uuid in capacity_milli]
     if not capacities:
         return None
-    return min(100, max(1, math.ceil(limit_milli * 100 / min(capacities))))
+    return min(100, max(1, math.ceil(limits.tflops_limit_milli * 100 / min(capacities))))
 
 
 def container_envs(
@@ -144,11 +139,11 @@ def container_envs(
     if isolation not in ("soft", "hard"):
         return envs, ()
     try:
-        vram_limit = pod.annotations.get(VRAM_LIMIT_ANNOTATION)
-        vram_bytes = None if vram_limit is None else parse_bytes(vram_limit, what=VRAM_LIMIT_ANNOTATION)
-        sm_percent = _sm_percent(pod, gpu_uuids, capacity_milli)
-    except (QuantityError, ValueError) as error:
+        limits = gpu_limits_of(pod)
+    except PodRequestError as error:
         raise AllocationRefusedError(f"pod {pod.namespace}/{pod.name}: {error}") from error
+    vram_bytes = limits.vram_limit_bytes
+    sm_percent = _sm_percent(limits, gpu_uuids, capacity_milli)
     if vram_bytes is not None:
         envs["TF_GPU_MEMORY_LIMIT"] = str(vram_bytes)
         envs["TF_CUDA_MEMORY_LIMIT"] = str(vram_bytes // MIB)
