@@ -29,11 +29,11 @@ import psycopg
 import pytest
 from playwright.async_api import BrowserContext, Page, async_playwright
 from sqlalchemy.engine import make_url
+from support.serving import serving
 from tfcommon.events import GpuRequest, WorkloadRef
 from tfcommon.infra import free_port
 from tfcommon.ledger.records import GpuSpec, NodeSpec, ReservationRequest, Reserved, ShareRequest
 from tfcommon.ledger.sql import SqlLedger
-from tfcommon.runtime import serve
 from tfcommon.settings import DatabaseSettings, MetricsSettings, NatsSettings
 from tfmetrics.app import build
 from tfmetrics.core.history import PoolSample
@@ -93,31 +93,11 @@ async def browser(tmp_path: Path) -> AsyncIterator[BrowserContext]:
             await context.close()
 
 
-async def wait_until_ready(base_url: str, timeout_s: float = 30) -> None:
-    deadline = time.monotonic() + timeout_s
-    async with httpx.AsyncClient(timeout=5) as client:
-        while time.monotonic() < deadline:
-            try:
-                if (await client.get(f"{base_url}/readyz")).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            await asyncio.sleep(0.1)
-    pytest.fail(f"metrics service at {base_url} not ready within {timeout_s}s")
-
-
 @contextlib.asynccontextmanager
 async def metrics_service(settings: MetricsSettings) -> AsyncIterator[str]:
     """The metrics service running until the block ends; yields its base URL once it is ready."""
-    stop = asyncio.Event()
-    service = asyncio.create_task(serve(build(settings), stop=stop))
-    base_url = f"http://127.0.0.1:{settings.port}"
-    try:
-        await wait_until_ready(base_url)
-        yield base_url
-    finally:
-        stop.set()
-        await asyncio.wait({service}, timeout=30)
+    async with serving(build(settings), every_s=0.1) as served:
+        yield served.url
 
 
 def metrics_settings(database_url: str, nats_url: str, **overrides: object) -> MetricsSettings:

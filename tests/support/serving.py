@@ -53,15 +53,19 @@ class Served:
 
 @contextlib.asynccontextmanager
 async def serving(
-    spec: ServiceSpec[Any], *, ready_within_s: float = 30.0, stop_within_s: float = 30.0
+    spec: ServiceSpec[Any],
+    *,
+    ready_within_s: float = 30.0,
+    every_s: float = 0.05,
+    stop_within_s: float = 30.0,
 ) -> AsyncIterator[Served]:
-    """Run `serve(spec)` in this event loop and yield it once ready; on exit ask it to stop and give it
-    `stop_within_s` to return."""
+    """Run `serve(spec)` in this event loop and yield it once ready (polled every `every_s`); on exit
+    ask it to stop and give it `stop_within_s` to return."""
     stop = asyncio.Event()
     task = asyncio.create_task(serve(spec, stop=stop))
     url = service_url(spec)
     try:
-        await wait_until_ready(url, task, timeout_s=ready_within_s)
+        await wait_until_ready(url, task, timeout_s=ready_within_s, every_s=every_s)
         yield Served(url, task)
     finally:
         stop.set()
