@@ -5,7 +5,8 @@ pod index from the device request (`tfcommon.device_slots`), picks the container
 container's environment: `NVIDIA_VISIBLE_DEVICES` with exactly the GPUs the scheduler chose, plus the
 limit variables of the pod's isolation mode. The limits are read by the pod contract
 (`tfcommon.pod_request.gpu_limits_of`, with `tfcommon.pod_spec`'s parsers), so a value the webhook and
-the scheduler refuse is refused here with the same message. Refusals carry a message the kubelet shows on the pod.
+the scheduler refuse is refused here with the same message. Refusals carry a message the kubelet shows
+on the pod.
 """
 
 from __future__ import annotations
