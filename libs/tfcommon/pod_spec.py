@@ -111,16 +111,15 @@ def parse_percent(key: str, raw: str) -> int:
     raise PodRequestError(f"annotation {key}: {raw!r} is outside 0..100; use {PERCENT_EXAMPLE}")
 
 
-def parse_duration_s(raw: str | None) -> int:
-    """`eviction-protection`: a Go duration (`30m`, `1h30m`, `90s`) in whole seconds; empty means none."""
+def parse_duration_s(raw: str | None, *, key: str = EVICTION_PROTECTION) -> int:
+    """A Go duration annotation (`eviction-protection`, `gang-timeout`: `30m`, `1h30m`, `90s`) in whole
+    seconds, rounded down; empty means none. Raises `PodRequestError` naming `key`."""
     if raw is None or not raw.strip():
         return 0
     text = raw.strip()
     parts = _DURATION_PART.findall(text)
     if not parts or "".join(number + unit for number, unit in parts) != text:
-        raise PodRequestError(
-            f"annotation {EVICTION_PROTECTION}: {raw!r} is not a duration; {DURATION_EXAMPLE}"
-        )
+        raise PodRequestError(f"annotation {key}: {raw!r} is not a duration; {DURATION_EXAMPLE}")
     return int(sum(float(number) * _DURATION_SECONDS[unit] for number, unit in parts))
 
 

@@ -9,13 +9,13 @@ a pod's gang from TensorFusion's annotations (`gang_of`). No I/O.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from tfcommon.cluster.model import Pod
 from tfcommon.pod_request import PREFIX, PodRequestError
+from tfcommon.pod_spec import parse_duration_s
 
 from tfscheduler.submission import Gang
 
@@ -35,9 +35,6 @@ GANG_MIN_MEMBERS = PREFIX + "gang-min-members"
 GANG_TIMEOUT = PREFIX + "gang-timeout"
 GANG_GROUP_KEY = PREFIX + "gang-group-key"
 GANG_REQUIRED_MEMBERS = PREFIX + "gang-required-members"
-
-_GO_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|h|m|s)")
-_UNIT_SECONDS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
 
 
 def gang_of(pod: Pod) -> Gang | None:
@@ -67,17 +64,10 @@ def gang_of(pod: Pod) -> Gang | None:
 
 
 def _timeout_s(raw: str | None) -> int:
-    if raw is None or raw.strip() in ("", "0"):
-        return 0
-    text = raw.strip()
-    parts = _GO_DURATION.findall(text)
-    if not parts or "".join(number + unit for number, unit in parts) != text:
-        raise PodRequestError(
-            f"annotation {GANG_TIMEOUT}: {raw!r} is not a duration; use Go syntax, e.g. 30s or 5m (0 waits "
-            "indefinitely)"
-        )
-    seconds = sum(float(number) * _UNIT_SECONDS[unit] for number, unit in parts)
-    return max(1, round(seconds)) if seconds > 0 else 0
+    """`gang-timeout` in seconds: 0 (or none) waits indefinitely; a shorter non-zero one is 1 s."""
+    text = (raw or "").strip()
+    seconds = parse_duration_s(text, key=GANG_TIMEOUT) if text != "0" else 0
+    return max(seconds, 1) if any(digit in text for digit in "123456789") else 0
 
 
 @dataclass(frozen=True)

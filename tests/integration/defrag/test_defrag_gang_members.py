@@ -7,16 +7,12 @@ from __future__ import annotations
 from uuid import uuid4
 
 import pytest
-from defrag_scenario import LocalSeed, node_manifest, pod_manifest
+from defrag_scenario import LocalSeed, node_manifest, pod_manifest, register_node, reserve
 from tfcommon.cluster.local import LocalCluster
-from tfcommon.events import WorkloadRef
-from tfcommon.ledger.records import GpuSpec, NodeSpec, ReservationRequest, ShareRequest
 from tfcommon.ledger.sql import SqlLedger
 from tfdefrag.snapshot import load_pool
 
 pytestmark = pytest.mark.integration
-
-GIB = 1 << 30
 
 
 async def test_a_gang_pod_is_read_as_a_member_of_its_replica_sets_gang(ledger: SqlLedger) -> None:
@@ -24,32 +20,10 @@ async def test_a_gang_pod_is_read_as_a_member_of_its_replica_sets_gang(ledger: S
     pool, namespace, node = f"pool-{tag}", f"ml-{tag}", f"node-{tag}"
     cluster = LocalCluster()
     seed = LocalSeed(cluster)
-    await ledger.upsert_node(NodeSpec(name=node, pool=pool))
-    for index in range(2):
-        await ledger.upsert_gpu(
-            GpuSpec(
-                uuid=f"gpu-{node}-{index}",
-                node=node,
-                index=index,
-                model="A100",
-                vendor="NVIDIA",
-                capacity_tflops_milli=312_000,
-                capacity_vram_bytes=80 * GIB,
-            )
-        )
+    await register_node(ledger, pool, node)
     seed.put_node(node_manifest(node))
     for name, gang in (("train-0", True), ("serve-0", False)):
-        await ledger.reserve(
-            ReservationRequest(
-                allocation_id=uuid4(),
-                workload=WorkloadRef(namespace=namespace, name=name, uid=str(uuid4())),
-                pool=pool,
-                node=node,
-                shares=(
-                    ShareRequest(gpu_uuid=f"gpu-{node}-{int(gang)}", tflops_milli=10_000, vram_bytes=GIB),
-                ),
-            )
-        )
+        await reserve(ledger, pool, namespace, name, node, f"gpu-{node}-{int(gang)}", 100)
         pod = pod_manifest(namespace, name, node)
         pod["metadata"]["annotations"] = {  # type: ignore[index]
             "tensor-fusion.ai/gpupool": pool,

@@ -97,3 +97,19 @@ def test_the_verdict_names_the_gang_and_the_numbers() -> None:
     assert "up to 30s" in waiting
     assert expired.startswith("gang ml/train timed out after 30s: 3 of min 4 members fit")
     assert "2 of min 4 members exist" in too_few
+
+
+@pytest.mark.parametrize(("raw", "seconds"), [("5m", 300), ("500ms", 1), ("0s", 0), ("", 0)])
+def test_gang_timeout_is_a_go_duration_where_zero_waits_indefinitely(raw: str, seconds: int) -> None:
+    pod = a_pod(
+        {
+            "tensor-fusion.ai/gang-enabled": "true",
+            "tensor-fusion.ai/gang-min-members": "2",
+            "tensor-fusion.ai/gang-timeout": raw,
+        }
+    )
+
+    gang = gang_of(pod)
+
+    assert gang is not None
+    assert gang.timeout_s == seconds
