@@ -25,6 +25,7 @@ from tfcommon.pod_spec import GPU_IDS
 from tfcommon.runtime import DATABASE_UNAVAILABLE, FALLBACK_APP, UNAVAILABLE_RETRY_AFTER_S, request_body
 from tfcommon.service_metrics import record_request_duration
 
+from tfscheduler.core.gang import GANG_ENABLED, GANG_GROUP_KEY, GANG_MIN_MEMBERS, GANG_TIMEOUT
 from tfscheduler.core.quota import with_defaults
 from tfscheduler.core.refusals import (
     fits_somewhere,
@@ -464,9 +465,17 @@ class Eviction(BaseModel):
 def workload_listing(workload: StoredWorkload, record: AllocationRecord | None) -> dict[str, Any]:
     """One entry of `GET /api/v1/workloads`: the workload as the pod a controller would have made, its
     request written as the pod contract's annotations (`gpu_request_annotations`, which the defrag
-    planner reads back with `gpu_request_of`, as from a pod in Kubernetes) plus `gpu-ids` once placed."""
+    planner reads back with `gpu_request_of`, as from a pod in Kubernetes) plus `gpu-ids` once placed, and a
+    gang member's `gang-*` annotations."""
     submission = workload.submission
     annotations = gpu_request_annotations(submission.request)
+    if submission.gang is not None:  # the local defrag planner leaves gang members alone, as in Kubernetes
+        annotations |= {
+            GANG_ENABLED: "true",
+            GANG_GROUP_KEY: submission.gang.group_key,
+            GANG_MIN_MEMBERS: str(submission.gang.min_members),
+            GANG_TIMEOUT: f"{submission.gang.timeout_s}s" if submission.gang.timeout_s else "0",
+        }
     if record is not None:
         annotations[GPU_IDS] = ",".join(share.gpu_uuid for share in record.shares)
     return {

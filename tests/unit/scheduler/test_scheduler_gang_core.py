@@ -5,12 +5,17 @@ from __future__ import annotations
 
 import re
 from datetime import UTC, datetime, timedelta
+from uuid import uuid4
 
 import pytest
 from tfcommon.cluster.model import OwnerReference, Pod
+from tfcommon.cluster.scheduler_api import pod_from_workload
+from tfcommon.events import GpuRequest, WorkloadRef
 from tfcommon.pod_request import PodRequestError
+from tfscheduler.api import workload_listing
 from tfscheduler.core.gang import GangCount, gang_of, gang_reason, timed_out
-from tfscheduler.submission import Gang
+from tfscheduler.submission import Gang, Submission
+from tfscheduler.workloads import StoredWorkload
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 REPLICA_SET = OwnerReference(kind="ReplicaSet", name="train-5d8f", uid="rs-uid", controller=True)
@@ -113,3 +118,23 @@ def test_gang_timeout_is_a_go_duration_where_zero_waits_indefinitely(raw: str, s
 
     assert gang is not None
     assert gang.timeout_s == seconds
+
+
+def test_a_local_gang_member_is_listed_as_a_pod_with_its_gang_annotations() -> None:
+    gang = Gang(group_key="ml/train", min_members=4, timeout_s=30)
+    submission = Submission(
+        workload=WorkloadRef(namespace="ml", name="train-0", uid="u-0", workload="train"),
+        request=GpuRequest(
+            pool="default",
+            tflops_request_milli=10_000,
+            tflops_limit_milli=10_000,
+            vram_request_bytes=1 << 30,
+            vram_limit_bytes=1 << 30,
+        ),
+        gang=gang,
+    )
+    stored = StoredWorkload(uuid4(), submission, "placed", None, T0)
+
+    pod = pod_from_workload(workload_listing(stored, None))
+
+    assert gang_of(pod) == gang
