@@ -1,7 +1,8 @@
 """The metrics service's reactions to events: keep the agents' latest usage, count system events.
 
-Handlers return no events. Counting is at-least-once: a redelivered event (after a crash before its
-ack) is counted again, which a Prometheus `rate()` tolerates.
+Handlers return no events. Label values are bounded: a release's free-text reason is counted under
+its code (`tfmetrics.core.release_reasons`). Counting is at-least-once: a redelivered event (after a
+crash before its ack) is counted again, which a Prometheus `rate()` tolerates.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from tfcommon.events import (
     WorkloadUnschedulable,
 )
 
+from tfmetrics.core.release_reasons import release_reason_code
 from tfmetrics.exporter import SeriesBoard
 from tfmetrics.live import LiveView
 from tfmetrics.recommender import UsageWindow
@@ -40,7 +42,10 @@ def count_events_handler(board: SeriesBoard) -> Handler:
         if isinstance(message, AllocationCreated):
             board.count("tf_system_allocations_succeeded", pool=message.pool, qos=message.qos)
         elif isinstance(message, AllocationReleased):
-            board.count("tf_system_allocations_released", reason=message.reason)
+            board.count(
+                "tf_system_allocations_released",
+                reason=release_reason_code(message.reason, evicted=message.evicted),
+            )
         elif isinstance(message, WorkloadUnschedulable):
             board.count("tf_system_allocations_failed", pool=message.pool)
         elif isinstance(message, PodEvicted):
