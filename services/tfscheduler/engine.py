@@ -608,28 +608,36 @@ class Scheduler:
 
     async def _place_gang(self, key: str, *, announce: bool, asked: set[UUID]) -> dict[UUID, WorkloadStatus]:
         """Reserve the pending members of gang `key` together, in one ledger transaction, once at least
-        min-members of the gang (counting those placed) fit; otherwise reserve none and keep them
-        pending with the gang's numbers (announced, when `announce`, for the `asked` members; for the
-        others only when their reason changed). Lock held."""
-        members = await self.store.gang_members(key)
+        min-members of the gang (counting those placed) fit and, in a namespace with a quota, the
+        members reserved together fit its totals; otherwise reserve none and keep them pending with the
+        gang's numbers or the quota's (announced, when `announce`, for the `asked` members; for the
+        others only when their reason changed). A member over the quota's `single` limits is refused
+        for good, as a plain workload is. Lock held."""
+        statuses: dict[UUID, WorkloadStatus] = {}
+        members: list[StoredWorkload] = []
+        requests: dict[UUID, GpuRequest] = {}
+        for member in await self.store.gang_members(key):
+            quota = self.quotas.get(member.submission.workload.namespace)
+            request = with_defaults(quota, member.submission.request)
+            refusal = check_single(quota, request) if member.state == "pending" else None
+            if refusal is not None:
+                statuses[member.allocation_id] = await self._refuse(member, refusal.reason, None)
+                continue
+            members.append(member)
+            requests[member.allocation_id] = request
         pending = [member for member in members if member.state == "pending"]
         if not pending:
-            return {}
+            return statuses
         gang = pending[0].submission.gang
         assert gang is not None
         placed = len(members) - len(pending)
         expired = timed_out(gang, [member.submitted_at for member in pending], self.clock())
         if len(members) < gang.min_members:
             count = GangCount(live=len(members), placed=placed, fit=None)
-            return await self._gang_wait(pending, gang_reason(gang, count, expired=expired), announce, asked)
-        if any(member.submission.workload.namespace in self.quotas for member in pending):
-            reason = (
-                f"gang {key}: gang placement in a namespace with a GPU quota is not supported; "
-                "remove tensor-fusion.ai/gang-enabled or the namespace's quota"
-            )
-            return await self._gang_wait(pending, reason, announce, asked)
+            reason = gang_reason(gang, count, expired=expired)
+            statuses.update(await self._gang_wait(pending, reason, announce, asked))
+            return statuses
         wanted: list[tuple[StoredWorkload, PlacementRequest]] = []
-        statuses: dict[UUID, WorkloadStatus] = {}
         for member in pending:
             workload = member.submission.workload
             try:
@@ -638,7 +646,7 @@ class Scheduler:
                         member,
                         placement_request(
                             f"{workload.namespace}/{workload.name}",
-                            member.submission.request,
+                            requests[member.allocation_id],
                             tolerations=member.submission.tolerations,
                             node_selector=member.submission.node_selector,
                         ),
@@ -661,9 +669,13 @@ class Scheduler:
                 )
             )
             return statuses
-        reserved = await self._reserve_gang(key, outcome.placements) if outcome.placements else []
-        if reserved is None:
-            reason = f"gang {key}: the ledger refused part of the gang, so none of it was reserved; retrying"
+        reserved = await self._reserve_gang(key, outcome.placements, requests) if outcome.placements else []
+        if not isinstance(reserved, list):
+            reason = (
+                reserved.reason
+                if isinstance(reserved, QuotaHeld)
+                else f"gang {key}: the ledger refused part of the gang, so none of it was reserved; retrying"
+            )
             statuses.update(await self._gang_wait([member for member, _w in wanted], reason, announce, asked))
             return statuses
         for member, record in reserved:
@@ -683,18 +695,28 @@ class Scheduler:
         return statuses
 
     async def _reserve_gang(
-        self, key: str, placements: Sequence[tuple[StoredWorkload, Placement]]
-    ) -> list[tuple[StoredWorkload, AllocationRecord]] | None:
+        self,
+        key: str,
+        placements: Sequence[tuple[StoredWorkload, Placement]],
+        requests: Mapping[UUID, GpuRequest],
+    ) -> list[tuple[StoredWorkload, AllocationRecord]] | QuotaHeld | None:
         """Reserve every placement of a gang in one ledger transaction, committed, and mark the members
-        placed in it; None, with nothing written and the view as before, when any one is refused."""
+        placed in it; None, with nothing written and the view as before, when any one is refused.
+        In a namespace with a quota the transaction first locks the namespace (as
+        `SqlLedger.reserve_within_quota` does) and checks the quota's totals for all the placements
+        together: `QuotaHeld`, naming the quota and the numbers, with nothing written, when they exceed
+        it. `requests` are the members' requests with the quota's defaults."""
         for _member, placement in placements:
             self.view.apply(placement)
         try:
             async with self.ledger.transaction() as transaction:
+                over = await self._gang_over_quota(key, transaction, placements, requests)
+                if over is not None:
+                    raise _GangOverQuotaError(over)
                 results = await transaction.reserve_many(
                     [
                         _reservation(
-                            member.allocation_id, member.submission, member.submission.request, p, None
+                            member.allocation_id, member.submission, requests[member.allocation_id], p, None
                         )
                         for member, p in placements
                     ],
@@ -703,6 +725,13 @@ class Scheduler:
                 )
                 if not all(isinstance(r, Reserved) and not r.replayed for r in results):
                     raise _GangRefusedError(key)
+        except _GangOverQuotaError as error:
+            log.info(
+                "gang over its namespace quota; nothing reserved", extra={"gang": key, "error": str(error)}
+            )
+            for _member, placement in placements:
+                self.view.release(placement)
+            return QuotaHeld(str(error))
         except (_GangRefusedError, BatchAbandonedError) as error:
             log.info("gang reservation refused; nothing reserved", extra={"gang": key, "error": str(error)})
             for _member, placement in placements:
@@ -719,6 +748,31 @@ class Scheduler:
             for (member, _p), result in zip(placements, results, strict=True)
             if isinstance(result, Reserved)
         ]
+
+    async def _gang_over_quota(
+        self,
+        key: str,
+        transaction: LedgerTransaction,
+        placements: Sequence[tuple[StoredWorkload, Placement]],
+        requests: Mapping[UUID, GpuRequest],
+    ) -> str | None:
+        """Why the gang's placements together exceed a namespace quota's totals (`check_total` on the
+        sum of their demands, maxWorkers counting each member), read under the namespaces' locks in
+        `transaction`; None when they fit or no namespace of theirs has a quota."""
+        demands: dict[str, Usage] = {}
+        for member, placement in placements:
+            namespace = member.submission.workload.namespace
+            if namespace in self.quotas:
+                demand = self._demand(placement, requests[member.allocation_id])
+                demands[namespace] = demands.get(namespace, Usage()) + demand
+        if not demands:
+            return None
+        used = usage_of_shares(await transaction.locked_namespace_shares(sorted(demands)))
+        for namespace, demand in sorted(demands.items()):
+            over = check_total(self.quotas[namespace], used.get(namespace, Usage()), demand)
+            if over is not None:
+                return f"gang {key}: {over.reason}"
+        return None
 
     async def _gang_wait(
         self, members: list[StoredWorkload], reason: str, announce: bool, asked: set[UUID]
@@ -1106,9 +1160,7 @@ class Scheduler:
     ) -> ReservationResult | QuotaHeld:
         """Reserve only if the namespace's usage in the ledger, read under the namespace's lock in the
         reservation's own transaction, leaves room for it (`SqlLedger.reserve_within_quota`)."""
-        node = self.view.nodes.get(outcome.node)
-        capacity = {gpu.uuid: gpu.tflops_milli for gpu in node.gpus} if node is not None else {}
-        demand = demand_of(outcome, request, [capacity.get(uuid, 0) for uuid in outcome.gpu_uuids])
+        demand = self._demand(outcome, request)
 
         def check(shares: Sequence[NamespaceShare]) -> str | None:
             used = usage_of_shares(shares).get(quota.namespace, Usage())
@@ -1122,6 +1174,12 @@ class Scheduler:
             if existing is None:
                 raise
             return Reserved(allocation=existing, replayed=True)
+
+    def _demand(self, outcome: Placement, request: GpuRequest) -> Usage:
+        """What `outcome` adds to its namespace's usage, compute percent sized by the view's GPUs."""
+        node = self.view.nodes.get(outcome.node)
+        capacity = {gpu.uuid: gpu.tflops_milli for gpu in node.gpus} if node is not None else {}
+        return demand_of(outcome, request, [capacity.get(uuid, 0) for uuid in outcome.gpu_uuids])
 
     def _may_full_refresh(self) -> bool:
         return asyncio.get_running_loop().time() - self._last_full_refresh >= MIN_FULL_REFRESH_INTERVAL_S
@@ -1507,6 +1565,10 @@ def _replacement_of(stored: StoredWorkload) -> Submission:
 
 class _GangRefusedError(Exception):
     """The ledger refused part of a gang's reservation: the transaction is rolled back whole."""
+
+
+class _GangOverQuotaError(Exception):
+    """A gang's placements together exceed a namespace quota: the transaction is rolled back whole."""
 
 
 def _split_gangs(

@@ -325,8 +325,7 @@ class SqlLedger:
         for attempt in range(1, DEADLOCK_ATTEMPTS + 1):
             try:
                 async with self.engine.begin() as connection:
-                    await connection.execute(_NAMESPACE_LOCK, {"key": f"tf-quota:{namespace}"})
-                    refusal = check(await _namespace_shares(connection, [namespace]))
+                    refusal = check(await _locked_namespace_shares(connection, [namespace]))
                     if refusal is not None:
                         return QuotaHeld(refusal)
                     try:
@@ -639,6 +638,16 @@ _RESERVE_QUERY = re.sub(r"(?<![:\w]):(\w+)", r"%(\1)s", _RESERVE_STATEMENT.text)
 _NAMESPACE_LOCK = text("SELECT pg_advisory_xact_lock(hashtextextended(:key, 0))")
 
 
+async def _locked_namespace_shares(
+    connection: AsyncConnection, namespaces: Sequence[str]
+) -> list[NamespaceShare]:
+    """Lock each namespace's quota for the rest of the transaction (in name order, so two transactions
+    locking several never deadlock), then read its shares: usage that cannot change before commit."""
+    for namespace in sorted(set(namespaces)):
+        await connection.execute(_NAMESPACE_LOCK, {"key": f"tf-quota:{namespace}"})
+    return await _namespace_shares(connection, namespaces)
+
+
 async def _namespace_shares(
     connection: AsyncConnection, namespaces: Sequence[str] | None
 ) -> list[NamespaceShare]:
@@ -679,6 +688,13 @@ class LedgerTransaction:
     async def active_holds(self) -> list[HoldRecord]:
         """`SqlLedger.active_holds()`, read in this transaction."""
         return await _holds(self.connection, self._clock())
+
+    async def locked_namespace_shares(self, namespaces: Sequence[str]) -> list[NamespaceShare]:
+        """The shares of `namespaces`, read after taking each namespace's quota lock (the one
+        `SqlLedger.reserve_within_quota` takes) until this transaction ends: check a quota on them, then
+        reserve in this transaction, and no other scheduler's reservation in those namespaces lands in
+        between."""
+        return await _locked_namespace_shares(self.connection, namespaces)
 
     async def reserve_many(
         self,

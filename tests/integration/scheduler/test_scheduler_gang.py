@@ -1,6 +1,8 @@
 """Gang placement in the engine (issue 16, item 5), real Postgres and NATS: the members of a gang are
 reserved together in one ledger transaction or not at all; none is placed before min-members can be;
-after the timeout the waiting members are told so, with the gang and the numbers."""
+after the timeout the waiting members are told so, with the gang and the numbers. In a quota namespace
+the gang is checked whole against the quota's totals in its transaction (none reserved when over it,
+the quota named), and each member against `single`."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from tfcommon.events import WorkloadRef, WorkloadUnschedulable
 from tfcommon.ledger import tables
 from tfcommon.ledger.records import InsufficientCapacity, ReservationRequest, ShareRequest
 from tfcommon.ledger.sql import SqlLedger
+from tfscheduler.core.quota import NamespaceQuota, usage_of_shares
 from tfscheduler.engine import Scheduler
 from tfscheduler.submission import Gang, Submission
 
@@ -172,3 +175,54 @@ async def test_preemption_never_evicts_a_gang_member(ledger: SqlLedger, bus: Nat
     assert urgent.state == "pending"
     active = {allocation.allocation_id for allocation in await ledger.active_allocations()}
     assert active == {status.id for status in gang}
+
+
+async def test_a_gang_over_its_namespace_quota_reserves_none_and_places_whole_once_it_is_raised(
+    ledger: SqlLedger, bus: NatsEventBus
+) -> None:
+    scheduler = await started(ledger, bus, cards=3, clock=Clock())
+    scheduler.quotas = {"team-a": NamespaceQuota(namespace="team-a", max_workers=2)}
+
+    statuses = [await scheduler.submit(member(n, min_members=3)) for n in range(3)]
+
+    assert [status.state for status in statuses] == ["pending"] * 3
+    assert await ledger.active_allocations() == []
+    for status in statuses:
+        current = await scheduler.status(status.id)
+        assert current is not None
+        assert current.reason is not None
+        assert (
+            "gang team-a/train: GPUResourceQuota team-a/team-a: total.maxWorkers would be 3 of 2 (in use 0)"
+            in current.reason
+        ), current.reason
+    assert await unschedulable_events(ledger) >= 1
+
+    scheduler.quotas = {"team-a": NamespaceQuota(namespace="team-a", max_workers=3)}
+    assert await scheduler.retry_pending() == 3
+
+    placed = {allocation.allocation_id for allocation in await ledger.active_allocations()}
+    assert placed == {status.id for status in statuses}
+    history = [entry for entry in await ledger.history() if entry.kind == "opened"]
+    assert len({entry.occurred_at for entry in history}) == 1, "the gang is reserved in one transaction"
+    used = usage_of_shares(await ledger.namespace_shares(["team-a"]))["team-a"]  # what the status shows
+    assert used.workers == 3
+    assert used.requests_vram_bytes == 3 * CARD
+
+
+async def test_a_gang_member_over_the_quotas_single_limit_is_refused_and_none_is_reserved(
+    ledger: SqlLedger, bus: NatsEventBus
+) -> None:
+    scheduler = await started(ledger, bus, cards=3, clock=Clock())
+    scheduler.quotas = {"team-a": NamespaceQuota(namespace="team-a", max_request_vram_bytes=40 * GIB)}
+
+    statuses = [await scheduler.submit(member(n, min_members=3)) for n in range(3)]
+
+    assert await ledger.active_allocations() == []
+    for status in statuses:
+        current = await scheduler.status(status.id)
+        assert current is not None
+        assert current.state != "placed"
+        assert current.reason is not None
+        assert "GPUResourceQuota team-a/team-a: single.maxRequests.vram is 40Gi per workload, asked 80Gi" in (
+            current.reason
+        ), current.reason
