@@ -5,10 +5,13 @@ Two simulated nodes hold three H100s. A Deployment of 4 whose pods each take a w
 `gang-enabled`, `gang-min-members: 4` and `gang-timeout: 3s`: no pod is bound (three would fit, the gang
 needs four), and after the timeout each gets a `FailedScheduling` Event naming its gang and the numbers.
 A second Deployment of 4 with `gang-min-members: 3` then gets three pods bound together and the fourth
-told that its gang is placed without it."""
+told that its gang is placed without it. In a namespace whose GPUResourceQuota allows 2 workers, a gang
+of 3 binds none, each pod's `FailedScheduling` Event naming the quota and the numbers; with the quota
+raised to 3 all three are bound."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -35,13 +38,13 @@ def kube_stack() -> Iterator[KubeStack]:
         yield stack
 
 
-def gang_deployment(name: str, min_members: int) -> dict[str, Any]:
+def gang_deployment(name: str, min_members: int, replicas: int = 4) -> dict[str, Any]:
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": {"name": name, "namespace": NAMESPACE},
         "spec": {
-            "replicas": 4,
+            "replicas": replicas,
             "selector": {"matchLabels": {"app": name}},
             "template": {
                 "metadata": {
@@ -129,3 +132,50 @@ def test_a_gang_of_four_on_three_cards_binds_none_then_a_gang_of_min_three_binds
         within_s=30,
     )
     assert [pod["spec"].get("nodeName") for pod in pods_of(stack, "train")] == [None] * 4
+
+
+def test_a_gang_over_its_namespace_quota_binds_none_then_all_once_the_quota_is_raised(
+    kube_stack: KubeStack,
+) -> None:
+    stack = kube_stack
+    create_namespace(stack, NAMESPACE)
+    eventually("the agents' 3 GPUs", lambda: len(stack.kubectl_json("get", "gpu")["items"]) == 3, within_s=60)
+    stack.apply(
+        {
+            "apiVersion": "tensor-fusion.ai/v1",
+            "kind": "GPUResourceQuota",
+            "metadata": {"name": "two-workers", "namespace": NAMESPACE},
+            "spec": {"total": {"maxWorkers": 2}},
+        }
+    )
+
+    stack.apply(gang_deployment("train", min_members=3, replicas=3))
+
+    def three() -> list[dict[str, Any]] | None:
+        found = pods_of(stack, "train")
+        return found if len(found) == 3 else None
+
+    pods = eventually("the 3 pods of train", three)
+    gang = f"{NAMESPACE}/{replica_set_of(pods[0])}"
+    wanted = (
+        f"gang {gang}: GPUResourceQuota {NAMESPACE}/two-workers: total.maxWorkers would be 3 of 2 (in use 0)"
+    )
+    eventually(
+        "a FailedScheduling Event naming the quota on each member",
+        lambda: all(
+            any(wanted in message for message in failed_scheduling(stack, pod["metadata"]["name"]))
+            for pod in pods
+        ),
+        within_s=60,
+    )
+    assert [pod["spec"].get("nodeName") for pod in pods_of(stack, "train")] == [None] * 3
+
+    stack.kubectl(
+        "patch", "gpuresourcequota", "two-workers", "-n", NAMESPACE, "--type=merge",
+        "-p", json.dumps({"spec": {"total": {"maxWorkers": 3}}}),
+    )  # fmt: skip
+    eventually(
+        "all three members bound once the quota allows them",
+        lambda: all(pod["spec"].get("nodeName") for pod in pods_of(stack, "train")) or None,
+        within_s=60,
+    )
