@@ -81,9 +81,24 @@ def failed_scheduling(stack: KubeStack, pod: str) -> list[str]:
     return [event["message"] for event in events]
 
 
-def all_four(stack: KubeStack, app: str) -> list[dict[str, Any]] | None:
+def all_pods(stack: KubeStack, app: str, count: int = 4) -> list[dict[str, Any]] | None:
     found = pods_of(stack, app)
-    return found if len(found) == 4 else None
+    return found if len(found) == count else None
+
+
+def told_each(stack: KubeStack, pods: list[dict[str, Any]], wanted: str) -> bool:
+    """Whether every pod in `pods` has a FailedScheduling Event containing `wanted`."""
+    return all(
+        any(wanted in message for message in failed_scheduling(stack, pod["metadata"]["name"]))
+        for pod in pods
+    )
+
+
+def three_cards(stack: KubeStack) -> KubeStack:
+    """`stack` with the test namespace made and the agents' 3 GPUs registered."""
+    create_namespace(stack, NAMESPACE)
+    eventually("the agents' 3 GPUs", lambda: len(stack.kubectl_json("get", "gpu")["items"]) == 3, within_s=60)
+    return stack
 
 
 def replica_set_of(pod: dict[str, Any]) -> str:
@@ -93,22 +108,17 @@ def replica_set_of(pod: dict[str, Any]) -> str:
 def test_a_gang_of_four_on_three_cards_binds_none_then_a_gang_of_min_three_binds_three(
     kube_stack: KubeStack,
 ) -> None:
-    stack = kube_stack
-    create_namespace(stack, NAMESPACE)
-    eventually("the agents' 3 GPUs", lambda: len(stack.kubectl_json("get", "gpu")["items"]) == 3, within_s=60)
+    stack = three_cards(kube_stack)
 
     stack.apply(gang_deployment("train", min_members=4))
-    pods = eventually("the 4 pods of train", lambda: all_four(stack, "train"))
+    pods = eventually("the 4 pods of train", lambda: all_pods(stack, "train"))
     gang = f"{NAMESPACE}/{replica_set_of(pods[0])}"
     wanted = f"gang {gang} timed out after 3s: 3 of min 4 members fit"
-
-    def timed_out_everywhere() -> bool:
-        return all(
-            any(wanted in message for message in failed_scheduling(stack, pod["metadata"]["name"]))
-            for pod in pods
-        )
-
-    eventually("a timed-out FailedScheduling Event on each member", timed_out_everywhere, within_s=60)
+    eventually(
+        "a timed-out FailedScheduling Event on each member",
+        lambda: told_each(stack, pods, wanted),
+        within_s=60,
+    )
     assert [pod["spec"].get("nodeName") for pod in pods_of(stack, "train")] == [None] * 4
 
     stack.apply(gang_deployment("serve", min_members=3))
@@ -137,9 +147,7 @@ def test_a_gang_of_four_on_three_cards_binds_none_then_a_gang_of_min_three_binds
 def test_a_gang_over_its_namespace_quota_binds_none_then_all_once_the_quota_is_raised(
     kube_stack: KubeStack,
 ) -> None:
-    stack = kube_stack
-    create_namespace(stack, NAMESPACE)
-    eventually("the agents' 3 GPUs", lambda: len(stack.kubectl_json("get", "gpu")["items"]) == 3, within_s=60)
+    stack = three_cards(kube_stack)
     stack.apply(
         {
             "apiVersion": "tensor-fusion.ai/v1",
@@ -151,21 +159,14 @@ def test_a_gang_over_its_namespace_quota_binds_none_then_all_once_the_quota_is_r
 
     stack.apply(gang_deployment("train", min_members=3, replicas=3))
 
-    def three() -> list[dict[str, Any]] | None:
-        found = pods_of(stack, "train")
-        return found if len(found) == 3 else None
-
-    pods = eventually("the 3 pods of train", three)
+    pods = eventually("the 3 pods of train", lambda: all_pods(stack, "train", 3))
     gang = f"{NAMESPACE}/{replica_set_of(pods[0])}"
     wanted = (
         f"gang {gang}: GPUResourceQuota {NAMESPACE}/two-workers: total.maxWorkers would be 3 of 2 (in use 0)"
     )
     eventually(
         "a FailedScheduling Event naming the quota on each member",
-        lambda: all(
-            any(wanted in message for message in failed_scheduling(stack, pod["metadata"]["name"]))
-            for pod in pods
-        ),
+        lambda: told_each(stack, pods, wanted),
         within_s=60,
     )
     assert [pod["spec"].get("nodeName") for pod in pods_of(stack, "train")] == [None] * 3
