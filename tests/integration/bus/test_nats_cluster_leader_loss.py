@@ -16,7 +16,7 @@ import re
 import signal
 import subprocess
 import time
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -25,6 +25,8 @@ from uuid import uuid4
 import nats
 import pytest
 from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.api import DeliverPolicy, StreamInfo
 from nats.js.errors import APIError
 from tfcommon import subjects
@@ -203,19 +205,33 @@ async def _stored_event_ids(bus: NatsEventBus, expected: int) -> list[str]:
         if len(ids) >= expected:
             done.set()
 
-    sub = await bus.js.subscribe(
-        subjects.ALL_EVENTS,
-        stream=subjects.EVENTS_STREAM,
-        ordered_consumer=True,
-        deliver_policy=DeliverPolicy.ALL,
-        cb=collect,
-    )
+    sub = await _ordered_subscription(bus, collect)
     try:
         await asyncio.wait_for(done.wait(), timeout=20)
         await asyncio.sleep(0.5)  # anything beyond `expected` (a doubled message) arrives too
     finally:
         await sub.unsubscribe()
     return ids
+
+
+async def _ordered_subscription(bus: NatsEventBus, collect: Callable[[Msg], Awaitable[None]]) -> Subscription:
+    """An ordered consumer on TF_EVENTS; its creation is asked again while the new stream leader, still
+    catching up after the kill, lets the JetStream API request time out (the read is late, not the
+    publish)."""
+    deadline = asyncio.get_running_loop().time() + 20
+    while True:
+        try:
+            return await bus.js.subscribe(
+                subjects.ALL_EVENTS,
+                stream=subjects.EVENTS_STREAM,
+                ordered_consumer=True,
+                deliver_policy=DeliverPolicy.ALL,
+                cb=collect,
+            )
+        except NatsTimeoutError:
+            if asyncio.get_running_loop().time() > deadline:
+                raise
+            await asyncio.sleep(0.5)
 
 
 @pytest.fixture
