@@ -40,6 +40,10 @@ def test_the_campaign_ran_every_fault_under_load(report: dict[str, Any]) -> None
     assert report["operations"].get("release-ok", 0) >= 20
 
 
+def test_the_history_is_checked_on_a_snapshot_nothing_changed_during(report: dict[str, Any]) -> None:
+    assert report["chaos"]["unsettled_snapshot"] is False
+
+
 def test_no_gpu_is_ever_over_capacity(report: dict[str, Any]) -> None:
     assert report["violations"]["gpu over capacity"] == []
 
