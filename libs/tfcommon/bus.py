@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 import ssl
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -40,9 +40,10 @@ def inbox_prefix_for(user: str | None) -> str:
     """The reply-subject prefix of a client: `_INBOX_<user>` for a NATS user, else NATS's `_INBOX`.
 
     `deploy/nats/nats.conf` lets each user subscribe only to its own `_INBOX_<user>.>`, so no client
-    can read the JetStream replies (fetched messages included) addressed to another user.
+    can read the JetStream replies (fetched messages included) addressed to another user. Dots
+    become `_`, so that a node agent's `node:<node name>` stays one subject token.
     """
-    return f"{DEFAULT_INBOX_PREFIX}_{user}" if user else DEFAULT_INBOX_PREFIX
+    return f"{DEFAULT_INBOX_PREFIX}_{user.replace('.', '_')}" if user else DEFAULT_INBOX_PREFIX
 
 
 class UnroutableSubjectError(RuntimeError):
@@ -139,7 +140,7 @@ class NatsEventBus:
         *,
         service: str,
         user: str | None = None,
-        password: str | None = None,
+        password: str | Callable[[], str] | None = None,
         tls: ssl.SSLContext | None = None,
     ) -> NatsEventBus:
         """Connect to `url` as `service` (the connection name, the CloudEvents source).

@@ -372,7 +372,7 @@ async def _connect_bus(spec: ServiceSpec[Any], nats_url: str) -> NatsEventBus:
                 nats_url,
                 service=spec.name,
                 user=nats.user,
-                password=nats.password.get_secret_value() if nats.password else None,
+                password=nats.password_source(),
                 tls=client_context(nats),
             )
     except NatsTlsError as error:

@@ -7,6 +7,7 @@ Every field is listed in the README's configuration table.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from decimal import Decimal
 from pathlib import Path
 from typing import Literal
@@ -23,6 +24,11 @@ class NatsSettings(BaseSettings):
     url: str | None = Field(default=None, description="NATS URL, e.g. nats://127.0.0.1:4222")
     user: str | None = Field(default=None, description="NATS user name, when the server requires one")
     password: SecretStr | None = Field(default=None, description="NATS password")
+    password_file: Path | None = Field(
+        default=None,
+        description="file holding the NATS password, read again at every (re)connection: a node agent's "
+        "projected service-account token, which the kubelet rotates (instead of TF_NATS_PASSWORD)",
+    )
     stream_replicas: int = Field(
         default=1,
         ge=1,
@@ -40,8 +46,23 @@ class NatsSettings(BaseSettings):
     )
     tls_key_file: Path | None = Field(default=None, description="PEM private key of TF_NATS_TLS_CERT_FILE")
 
+    def password_source(self) -> str | Callable[[], str] | None:
+        """What the bus sends as the password: TF_NATS_PASSWORD, or a reader of TF_NATS_PASSWORD_FILE
+        called at each connection (so a rotated token is picked up on reconnect)."""
+        if self.password_file is not None:
+            path = self.password_file
+            return lambda: path.read_text(encoding="utf-8").strip()
+        return self.password.get_secret_value() if self.password is not None else None
+
     @model_validator(mode="after")
     def _client_certificate_has_its_key(self) -> NatsSettings:
+        if self.password is not None and self.password_file is not None:
+            raise ValueError("TF_NATS_PASSWORD and TF_NATS_PASSWORD_FILE are both set: keep one")
+        if self.password_file is not None and not self.password_file.is_file():
+            raise ValueError(
+                f"TF_NATS_PASSWORD_FILE={self.password_file}: no such file; mount the node agent's "
+                "projected token there or set TF_NATS_PASSWORD"
+            )
         if (self.tls_cert_file is None) != (self.tls_key_file is None):
             raise ValueError(
                 "TF_NATS_TLS_CERT_FILE and TF_NATS_TLS_KEY_FILE go together: set both (a client "
