@@ -61,6 +61,8 @@ class HistoryRow:
     vram_bytes: int
     workload: WorkloadKey
     occurred_at: datetime
+    reason: str | None = None
+    """Why a share closed (`released`/`evicted` rows), e.g. `preempted by team-a/fault-00042`."""
 
 
 @dataclass(frozen=True)

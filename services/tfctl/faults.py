@@ -1,8 +1,9 @@
 """Fault campaigns on the local stack: load, faults in turn, then the ledger invariants.
 
 `run_fault_campaign(duration_s, seed)` starts its own stack (embedded NATS and Postgres, the five
-services as `tfctl serve` children with simulated GPUs), drives submissions and releases through the
-scheduler's HTTP API while it SIGKILLs each service (and restarts it), restarts NATS, restarts
+services as `tfctl serve` children with simulated GPUs), drives submissions of every QoS (the
+`critical` ones preempt) and releases through the webhook and the scheduler's HTTP API while it
+SIGKILLs each service (and restarts it), restarts NATS, restarts
 Postgres (immediate shutdown, a crash for the database) and SIGSTOPs a service past its timeouts. Every
 call is recorded as ok / fail / unknown. After the faults stop it checks the invariants of
 `tfctl.fault_checks` and returns a report whose `violations` must be empty. A service that exits on its
@@ -40,7 +41,7 @@ from nats.aio.client import Client as NatsClient
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import NullPool
-from tfcommon import subjects
+from tfcommon import pod_spec, subjects
 from tfcommon.bus import NatsEventBus, cloudevent_headers
 from tfcommon.config import TfConfig
 from tfcommon.events import StartDefragCampaign, WorkloadRef
@@ -96,6 +97,14 @@ while it read them (each read takes seconds: the bus read waits a second per sub
 WEBHOOK_SHARE = 0.5
 """Share of submissions admitted through the webhook's `POST /mutate-v1-pod` first (the pod it
 mutates is then submitted as `tfctl submit` does); the others go to the scheduler's API directly."""
+QOS_SHARES = (("low", 0.25), ("medium", 0.3), ("high", 0.3), ("critical", 0.15))
+"""The QoS each submission asks for (`tensor-fusion.ai/qos` through the webhook, `request.qos` with the
+priority of its PriorityClass, `tfcommon.pod_spec.priority_of`, straight to the scheduler): `low` and
+`medium` (priority 0, medium first), `high` (10,000) and `critical` (100,000)."""
+PREEMPTOR_TFLOPS_MILLI = 250_000
+PREEMPTOR_VRAM_GIB = 40
+"""What a `critical` submission asks for: half a card, so that once the GPUs are full it fits only by
+preempting lower-priority workloads (every campaign must report `preemptions` above 0)."""
 PROTECTED_SHARE = 0.3
 PROTECTION_S = 4
 DEFRAG_EVERY_S = 4.0
@@ -357,6 +366,9 @@ class Generator:
         uid = f"{self.rng.getrandbits(64):016x}"
         tflops = self.rng.choice((50_000, 100_000, 200_000))
         vram = self.rng.choice((8, 16, 24)) * GIB
+        qos = self.rng.choices([qos for qos, _ in QOS_SHARES], [share for _, share in QOS_SHARES])[0]
+        if qos == "critical":
+            tflops, vram = PREEMPTOR_TFLOPS_MILLI, PREEMPTOR_VRAM_GIB * GIB
         body: dict[str, Any] = {
             "workload": {"namespace": namespace, "name": name, "uid": uid},
             "request": {
@@ -365,7 +377,9 @@ class Generator:
                 "tflops_limit_milli": tflops,
                 "vram_request_bytes": vram,
                 "vram_limit_bytes": vram,
+                "qos": qos,
             },
+            "priority": pod_spec.priority_of(qos),
             "labels": {"app": "serve"},
         }
         if self.rng.random() < PROTECTED_SHARE:
@@ -381,10 +395,11 @@ class Generator:
         pod = a_pod(
             namespace=namespace,
             name=name,
-            labels={"tensor-fusion.ai/enabled": "true", **body["labels"]},
+            labels={pod_spec.ENABLED: "true", **body["labels"]},
             annotations={
-                "tensor-fusion.ai/tflops-request": str(request["tflops_request_milli"] // 1000),
-                "tensor-fusion.ai/vram-request": f"{request['vram_request_bytes'] // GIB}Gi",
+                pod_spec.TFLOPS_REQUEST: str(request["tflops_request_milli"] // 1000),
+                pod_spec.VRAM_REQUEST: f"{request['vram_request_bytes'] // GIB}Gi",
+                pod_spec.QOS: request["qos"],
             },
             containers=[{"name": "app", "image": "img"}],
         )
@@ -959,7 +974,7 @@ async def _check_everything(
     mark = await _history_mark(engine)
     while True:  # one snapshot: read again while pending work still lands meanwhile
         pending = await _pending_lineages(stack)
-        history = await _history(engine)
+        history = await read_history(engine)
         gpus = await _gpus(engine)
         finals, allocated = await _finals(stack, engine, generator)
         bus, events = await _bus_events(stack, engine, frozenset(chaos.republished))
@@ -986,6 +1001,7 @@ async def _check_everything(
         pending,
         period or BillPeriod(started_at, started_at, BILL_QUANTUM, Decimal(0)),
         republished=frozenset(chaos.republished),
+        final_states={workload: final.state for workload, final in finals.items()},
         self_exits=sum(managed.self_exits for managed in stack.children.values()),
         faults=chaos.injected,
     )
@@ -1014,7 +1030,8 @@ async def _pending_lineages(stack: FaultStack) -> dict[tuple[str, str], str | No
     return {(item["namespace"], item["name"]): item.get("reason") for item in answer.json()}
 
 
-async def _history(engine: AsyncEngine) -> list[HistoryRow]:
+async def read_history(engine: AsyncEngine) -> list[HistoryRow]:
+    """The ledger's whole `allocation_history` in id order, each row with its allocation's workload."""
     history, allocation = tables.allocation_history.c, tables.allocation.c
     query = (
         sa.select(
@@ -1025,6 +1042,7 @@ async def _history(engine: AsyncEngine) -> list[HistoryRow]:
             history.tflops_milli,
             history.vram_bytes,
             history.occurred_at,
+            history.reason,
             allocation.workload_namespace,
             allocation.workload_name,
             allocation.workload_uid,
@@ -1049,6 +1067,7 @@ async def _history(engine: AsyncEngine) -> list[HistoryRow]:
             vram_bytes=row.vram_bytes,
             workload=(row.workload_namespace, row.workload_name, row.workload_uid or ""),
             occurred_at=row.occurred_at,
+            reason=row.reason,
         )
         for row in rows
     ]
@@ -1144,7 +1163,7 @@ async def _bus_events(
         js = connection_.jetstream()
         events: list[BusEvent] = []
         for subject in sorted({row.subject for row in rows} | {subjects.POD_EVICTED}):
-            events += await _stream_events(js, subject)
+            events += await read_stream_events(js, subject)
         backlogs = await _consumer_backlogs(js)
     finally:
         await connection_.close()
@@ -1152,8 +1171,8 @@ async def _bus_events(
     return check_bus(published, message_ids, backlogs), events
 
 
-async def _stream_events(js: Any, subject: str) -> list[BusEvent]:
-    """Every message on `subject` stored so far (new ones are not waited for)."""
+async def read_stream_events(js: Any, subject: str) -> list[BusEvent]:
+    """Every message on `subject` stored in `TF_EVENTS` so far (new ones are not waited for)."""
     last = (await js.stream_info(subjects.EVENTS_STREAM)).state.last_seq
     subscription = await js.pull_subscribe(
         subject,
@@ -1350,6 +1369,7 @@ def print_report(report: dict[str, Any], json_output: bool) -> None:
         + ", ".join(f"{key} {report[key]}" for key in HISTORY_FIGURES)
         + f"; fault kinds: {', '.join(report['fault_kinds'])}"
     )
+    print(f"evictions: {report['evictions']} (preemptions {report['preemptions']})")
     print(f"chaos: {json.dumps(report['chaos'])}")
     for figure_name, examples in report["figures"]["examples"].items():
         for example in examples:

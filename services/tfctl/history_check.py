@@ -6,8 +6,10 @@ order, every message in the events stream and the bill the metrics service answe
 
 - `acknowledged_operations`: calls answered `ok`;
 - `lost`: acknowledged but absent: a placement never in the ledger, a pending workload neither placed,
-  still pending nor released by its client, an allocation closed without its event on the bus, an
-  eviction without a replacement, an acknowledged release that closed nothing;
+  still pending nor released by its client, an allocation closed without `tf.evt.allocation.released`
+  on the bus, an eviction without `tf.evt.pod.evicted` or without a replacement, a workload the
+  scheduler calls `evicted` with no eviction in the ledger history, an acknowledged release that closed
+  nothing;
 - `doubled`: a share opened twice, a workload (namespace/name) holding two allocations at once, one
   submission landing as two allocations, an allocation announced created under two event ids, a
   message id stored twice in the stream (deliberate republishes excluded);
@@ -15,11 +17,15 @@ order, every message in the events stream and the bill the metrics service answe
   submission that surely never arrived (`fail`), a replacement without an eviction before it (the
   defrag planner's capacity holds, `tfpool-defrag/hold-<namespace>-<name>`, are priced as their
   workload and are no phantom while that workload was submitted), a
-  `tf.evt.allocation.created` of an allocation the ledger never opened;
+  `tf.evt.allocation.created` of an allocation the ledger never opened, a `tf.evt.pod.evicted` of an
+  allocation the ledger never evicted;
 - `bill_difference`: the billed total minus an oracle computed here, with exact rational arithmetic,
   from the intervals in the history priced with the request each client sent (not the ledger's copy)
   and the documented default prices; never with the project's billing code;
-- `self_exits` and `fault_kinds`, passed through.
+- `self_exits` and `fault_kinds`, passed through;
+- `evictions` and `preemptions` (not failures: the load must make them happen): allocations the
+  ledger closed as `evicted`, and those of them evicted by preemption (the history's reason
+  `preempted by ...`, or `by: preemption` in their `tf.evt.pod.evicted`).
 
 Every count comes with example sentences in `examples` (at most `EXAMPLES` per figure).
 """
@@ -36,11 +42,18 @@ from fractions import Fraction
 from typing import Any
 from uuid import UUID
 
+from tfcommon.events import AllocationCreated, AllocationReleased, PodEvicted
+
 from tfctl.fault_checks import HistoryRow, Operation, WorkloadKey, defrag_hold_of
 
 EXAMPLES = 10
 GIB = 1024**3
 CLOSING_KINDS = ("released", "evicted")
+RELEASED_SUBJECT = AllocationReleased.subject
+EVICTED_SUBJECT = PodEvicted.subject
+CREATED_SUBJECT = AllocationCreated.subject
+PREEMPTED_REASON = "preempted by "
+"""How the scheduler's preemption words an eviction in the history (`preempted by <ns>/<name>`)."""
 Lineage = tuple[str, str]
 """(namespace, name): a workload and the replacements a controller (or the scheduler) recreates."""
 
@@ -92,6 +105,8 @@ class HistoryFigures:
     bill_difference: str = "0"
     self_exits: int = 0
     fault_kinds: list[str] = field(default_factory=list)
+    evictions: int = 0
+    preemptions: int = 0
     oracle_cost: str = "0"
     examples: dict[str, list[str]] = field(default_factory=dict)
 
@@ -110,6 +125,8 @@ class HistoryFigures:
             "bill_difference": self.bill_difference,
             "self_exits": self.self_exits,
             "fault_kinds": list(self.fault_kinds),
+            "evictions": self.evictions,
+            "preemptions": self.preemptions,
             "oracle_cost": self.oracle_cost,
             "examples": {key: list(value) for key, value in self.examples.items()},
         }
@@ -125,6 +142,7 @@ class _Interval:
     closed_by: str | None
     opened_row: int
     closed_row: int | None
+    closed_because: str | None = None
 
 
 def fault_kind(fault: str) -> str:
@@ -148,15 +166,17 @@ def history_figures(
     bill: BillPeriod,
     *,
     republished: frozenset[int] = frozenset(),
+    final_states: Mapping[WorkloadKey, str | None] | None = None,
     self_exits: int = 0,
     faults: Sequence[str] = (),
     prices: OraclePrices | None = None,
 ) -> HistoryFigures:
-    """The seven figures of one campaign (see the module docstring).
+    """The seven figures of one campaign (see the module docstring), with its evictions and preemptions.
 
     `submissions` holds the body each client sent the scheduler, by workload; `pending_now` the
     workloads the scheduler holds pending at the end with their reasons; `republished` the stream
-    sequences the campaign stored again on purpose (a republish after the duplicate window).
+    sequences the campaign stored again on purpose (a republish after the duplicate window);
+    `final_states` the scheduler's state of each submitted workload at the end (`placed`, `evicted`...).
     """
     figures = HistoryFigures(
         acknowledged_operations=sum(1 for op in operations if op.outcome == "ok"),
@@ -170,6 +190,7 @@ def history_figures(
     for sentence in replay_doubles:
         figures.count("doubled", sentence)
     _count_lost(figures, operations, intervals, bus, pending_now)
+    _count_evictions(figures, operations, intervals, bus, final_states or {})
     _count_doubled(figures, intervals, bus, republished)
     _count_phantoms(figures, operations, submissions, intervals, bus)
     oracle = bill_oracle(intervals, submissions, bill, prices or OraclePrices())
@@ -205,6 +226,7 @@ def _replay(history: Sequence[HistoryRow]) -> tuple[list[_Interval], list[str]]:
                     row.kind,
                     start.id,
                     row.id,
+                    row.reason,
                 )
             )
     for share, start in opened.items():
@@ -258,22 +280,71 @@ def _count_lost(
             if not shares or any(share.closed_at is None for share in shares):
                 figures.count("lost", f"{name}: release of {op.allocation_id} acknowledged, still open")
     for lineage, held in by_lineage.items():
-        for interval in held:
-            if interval.closed_by is None:
+        closed = {interval.allocation_id: interval for interval in held if interval.closed_by is not None}
+        for allocation_id, interval in closed.items():  # one count per allocation, not per GPU share
+            subjects = announced.get(allocation_id, set())
+            name = "/".join(lineage)
+            if RELEASED_SUBJECT not in subjects:
+                figures.count(
+                    "lost",
+                    f"{name}: allocation {allocation_id} {interval.closed_by} in the ledger without its "
+                    f"event on the bus ({RELEASED_SUBJECT})",
+                )
+            if interval.closed_by != "evicted":
                 continue
-            subjects = announced.get(interval.allocation_id, set())
-            if not subjects & {"tf.evt.allocation.released", "tf.evt.pod.evicted"}:
+            if EVICTED_SUBJECT not in subjects:
                 figures.count(
                     "lost",
-                    f"{'/'.join(lineage)}: allocation {interval.allocation_id} {interval.closed_by} in the "
-                    "ledger without its event on the bus",
+                    f"{name}: allocation {allocation_id} evicted in the ledger (history row "
+                    f"{interval.closed_row}) without its event on the bus ({EVICTED_SUBJECT})",
                 )
-            if interval.closed_by == "evicted" and not _replaced(interval, held, lineage, pending_now):
+            if not _replaced(interval, held, lineage, pending_now):
                 figures.count(
                     "lost",
-                    f"{'/'.join(lineage)}: allocation {interval.allocation_id} evicted (history row "
-                    f"{interval.closed_row}) and never recreated",
+                    f"{name}: allocation {allocation_id} evicted (history row {interval.closed_row}) and "
+                    "never recreated: no replacement placed after it and none pending",
                 )
+
+
+def _count_evictions(
+    figures: HistoryFigures,
+    operations: Sequence[Operation],
+    intervals: Sequence[_Interval],
+    bus: Sequence[BusEvent],
+    final_states: Mapping[WorkloadKey, str | None],
+) -> None:
+    """Evictions and preemptions, an acknowledged workload the scheduler calls `evicted` with no
+    eviction in the ledger (lost), and an eviction announced that the ledger never made (phantom)."""
+    evicted = {interval.allocation_id: interval for interval in intervals if interval.closed_by == "evicted"}
+    preempted_on_bus = {
+        event.allocation_id
+        for event in bus
+        if event.subject == EVICTED_SUBJECT and event.evicted_by == "preemption"
+    }
+    figures.evictions = len(evicted)
+    figures.preemptions = sum(
+        1
+        for allocation_id, interval in evicted.items()
+        if allocation_id in preempted_on_bus or (interval.closed_because or "").startswith(PREEMPTED_REASON)
+    )
+    for op in operations:
+        said = final_states.get(op.workload)
+        if op.kind != "submit" or op.outcome != "ok" or said != "evicted" or op.allocation_id is None:
+            continue
+        if op.allocation_id not in evicted:
+            figures.count(
+                "lost",
+                f"{'/'.join(op.workload)}: the scheduler says evicted, but its allocation "
+                f"{op.allocation_id} has no eviction in the ledger history",
+            )
+    for event in bus:
+        announced = event.subject == EVICTED_SUBJECT and event.allocation_id is not None
+        if announced and event.allocation_id not in evicted:
+            figures.count(
+                "phantom",
+                f"event {event.message_id} announces the eviction of allocation {event.allocation_id}, "
+                "which the ledger never evicted",
+            )
 
 
 def _replaced(
@@ -329,7 +400,7 @@ def _count_doubled(
             figures.count("doubled", f"message id {message_id} stored {count} times in the stream")
     created: dict[UUID, set[str]] = defaultdict(set)
     for event in bus:
-        if event.subject == "tf.evt.allocation.created" and event.allocation_id is not None:
+        if event.subject == CREATED_SUBJECT and event.allocation_id is not None:
             created[event.allocation_id].add(event.message_id)
     for allocation_id, ids in sorted(created.items(), key=lambda item: str(item[0])):
         gpus = {interval.gpu_uuid for interval in intervals if interval.allocation_id == allocation_id}
@@ -382,7 +453,7 @@ def _count_phantoms(
             )
     opened = {interval.allocation_id for interval in intervals}
     for event in bus:
-        created = event.subject == "tf.evt.allocation.created" and event.allocation_id is not None
+        created = event.subject == CREATED_SUBJECT and event.allocation_id is not None
         if created and event.allocation_id not in opened:
             figures.count(
                 "phantom",

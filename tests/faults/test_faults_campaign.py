@@ -76,6 +76,16 @@ def test_no_service_stops_on_its_own_during_an_outage(report: dict[str, Any]) ->
     assert report["self_exits_by_service"] == {}
 
 
+def test_the_load_preempts_and_every_preempted_workload_was_announced_and_recreated(
+    report: dict[str, Any],
+) -> None:
+    # `critical` submissions preempt lower-priority ones once the GPUs are full; the checker counts a
+    # preempted workload lost unless its eviction, tf.evt.pod.evicted and replacement are all there.
+    assert report["preemptions"] > 0, report["chaos"]["evictions"]
+    assert report["evictions"] >= report["preemptions"]
+    assert report["chaos"]["evictions"].get("preemption", 0) > 0
+
+
 def test_the_history_checker_finds_nothing_lost_doubled_phantom_or_misbilled(report: dict[str, Any]) -> None:
     examples = report["figures"]["examples"]
     assert report["acknowledged_operations"] >= 50

@@ -38,9 +38,16 @@ ONE_HOUR_COST = Decimal("0.939960")
 """100 TFLOPS x $0.0069228 + 16 GiB x $0.01548 for one hour."""
 
 
-def a_row(row_id: int, allocation: UUID, kind: str, at_s: float, workload: WorkloadKey = POD) -> HistoryRow:
+def a_row(
+    row_id: int,
+    allocation: UUID,
+    kind: str,
+    at_s: float,
+    workload: WorkloadKey = POD,
+    reason: str | None = None,
+) -> HistoryRow:
     return HistoryRow(
-        row_id, allocation, "gpu-a", kind, 100_000, 16 * GIB, workload, T0 + timedelta(seconds=at_s)
+        row_id, allocation, "gpu-a", kind, 100_000, 16 * GIB, workload, T0 + timedelta(seconds=at_s), reason
     )
 
 
@@ -52,8 +59,14 @@ def released(allocation: UUID) -> Operation:
     return Operation("release", POD, "ok", 1.0, 1.1, allocation_id=allocation, state="released")
 
 
-def an_event(sequence: int, subject: str, allocation: UUID | None, message_id: str | None = None) -> BusEvent:
-    return BusEvent(sequence, subject, message_id or str(uuid4()), allocation)
+def an_event(
+    sequence: int,
+    subject: str,
+    allocation: UUID | None,
+    message_id: str | None = None,
+    evicted_by: str | None = None,
+) -> BusEvent:
+    return BusEvent(sequence, subject, message_id or str(uuid4()), allocation, evicted_by)
 
 
 def check(
@@ -65,6 +78,7 @@ def check(
     submissions: dict[WorkloadKey, dict[str, Any]] | None = None,
     pending: dict[tuple[str, str], str | None] | None = None,
     republished: frozenset[int] = frozenset(),
+    final_states: dict[WorkloadKey, str | None] | None = None,
 ) -> HistoryFigures:
     return history_figures(
         operations,
@@ -74,6 +88,7 @@ def check(
         pending or {},
         BillPeriod(T0, T0 + timedelta(hours=2), QUANTUM, billed),
         republished=republished,
+        final_states=final_states,
         faults=["sigkill scheduler", "sigkill webhook", "sigstop scheduler 5s", "restart nats"],
         self_exits=0,
     )
@@ -135,39 +150,79 @@ def test_a_release_committed_without_its_event_on_the_bus_is_lost() -> None:
     assert "without its event on the bus" in figures.examples["lost"][0]
 
 
+PREEMPTED = "preempted by team-b/fault-00002"
+
+
+def an_hour_then_preempted(allocation: UUID) -> tuple[list[HistoryRow], list[BusEvent]]:
+    """What the ledger outbox commits for a preemption: the release as evicted, with
+    `tf.evt.allocation.released` and `tf.evt.pod.evicted` (`by: preemption`)."""
+    history = [a_row(1, allocation, "opened", 0), a_row(2, allocation, "evicted", 3600, reason=PREEMPTED)]
+    bus = [
+        an_event(1, "tf.evt.allocation.created", allocation),
+        an_event(2, "tf.evt.allocation.released", allocation),
+        an_event(3, "tf.evt.pod.evicted", allocation, evicted_by="preemption"),
+    ]
+    return history, bus
+
+
 def test_an_eviction_whose_replacement_never_came_is_lost() -> None:
     # The defect of issue 20: the victim released as evicted, its replacement never queued.
     allocation = uuid4()
-    history = [a_row(1, allocation, "opened", 0), a_row(2, allocation, "evicted", 3600)]
-    bus = [
-        an_event(1, "tf.evt.allocation.created", allocation),
-        an_event(2, "tf.evt.pod.evicted", allocation),
-    ]
+    history, bus = an_hour_then_preempted(allocation)
     figures = check([placed(allocation)], history, bus)
-    assert figures.lost == 1
+    assert (figures.lost, figures.evictions, figures.preemptions) == (1, 1, 1)
     assert "never recreated" in figures.examples["lost"][0]
+
+
+def test_an_eviction_without_its_pod_evicted_event_is_lost_though_the_release_was_announced() -> None:
+    # The defect's other half: the release's outbox event went out, the direct publish of
+    # tf.evt.pod.evicted failed. The replacement is pending, so only the event is missing.
+    allocation = uuid4()
+    history, bus = an_hour_then_preempted(allocation)
+    figures = check([placed(allocation)], history, bus[:2], pending={POD[:2]: "0/4 GPUs fit"})
+    assert figures.lost == 1
+    assert "without its event on the bus (tf.evt.pod.evicted)" in figures.examples["lost"][0]
+    assert figures.preemptions == 1, "the ledger's reason alone says it was a preemption"
+
+
+def test_a_workload_the_scheduler_calls_evicted_with_no_eviction_in_the_ledger_is_lost() -> None:
+    _, operations, history, bus = a_released_hour()
+    figures = check(operations, history, bus, final_states={POD: "evicted"})
+    assert figures.lost == 1
+    assert "has no eviction in the ledger history" in figures.examples["lost"][0]
+    assert check(operations, history, bus, final_states={POD: "ended"}).lost == 0
+
+
+def test_an_eviction_announced_that_the_ledger_never_made_is_a_phantom() -> None:
+    allocation, operations, history, bus = a_released_hour()
+    figures = check(operations, history, [*bus, an_event(3, "tf.evt.pod.evicted", allocation)])
+    assert figures.phantom == 1
+    assert "which the ledger never evicted" in figures.examples["phantom"][0]
+    assert (figures.evictions, figures.preemptions) == (0, 0)
 
 
 def test_an_eviction_replaced_later_or_pending_now_loses_nothing() -> None:
     allocation, replacement = uuid4(), uuid4()
     history = [
         a_row(1, allocation, "opened", 0),
-        a_row(2, allocation, "evicted", 1800),
+        a_row(2, allocation, "evicted", 1800, reason="defrag campaign drains node sim-node-0"),
         a_row(3, replacement, "opened", 1800, REPLACEMENT),
         a_row(4, replacement, "released", 3600, REPLACEMENT),
     ]
     bus = [
-        an_event(1, "tf.evt.pod.evicted", allocation),
+        an_event(1, "tf.evt.pod.evicted", allocation, evicted_by="defrag"),
         an_event(2, "tf.evt.allocation.released", replacement),
         an_event(3, "tf.evt.allocation.created", allocation),
         an_event(4, "tf.evt.allocation.created", replacement),
+        an_event(5, "tf.evt.allocation.released", allocation),
     ]
-    figures = check([placed(allocation)], history, bus)
+    figures = check([placed(allocation)], history, bus, final_states={POD: "evicted"})
     assert (figures.lost, figures.doubled, figures.phantom, figures.bill_difference) == (0, 0, 0, "0.000000")
+    assert (figures.evictions, figures.preemptions) == (1, 0)
     pending_replacement = check(
         [placed(allocation)],
         history[:2],
-        bus[:1] + bus[2:3],
+        [bus[0], bus[2], bus[4]],
         billed=ONE_HOUR_COST / 2,
         pending={POD[:2]: "0/4 GPUs fit"},
     )
