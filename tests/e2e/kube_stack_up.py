@@ -1,8 +1,9 @@
 """Helpers for tests that start `tfctl up --kubernetes` and drive it with kubectl as a user types it.
 
 `running_kube_stack()` starts one stack (a real control plane from the built binaries, KWOK nodes, the
-five services in Kubernetes mode with their own service accounts) in a temporary state dir on free ports
-and stops it with SIGINT; `kubectl()` runs the real kubectl against its admin kubeconfig.
+five services in Kubernetes mode with their own service accounts) in a temporary state dir (or the one
+given, which it keeps) on free ports and stops it with SIGINT; `kubectl()` runs the real kubectl against
+its admin kubeconfig.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,11 +37,13 @@ cores with the rest of the suite, where kube-apiserver alone has taken 19 s to s
 
 @dataclass
 class KubeStack:
-    """One running `tfctl up --kubernetes`: its process, the JSON summary it printed, its state dir."""
+    """One running `tfctl up --kubernetes`: its process, the JSON summary it printed, its state dir, and
+    how long it took from start to printing the summary (every service ready)."""
 
     process: subprocess.Popen[str]
     summary: dict[str, Any]
     state_dir: Path
+    ready_s: float
 
     @property
     def kubeconfig(self) -> str:
@@ -89,10 +93,14 @@ truthy; fail naming `what` after `within_s` (30 s unless given)."""
 
 
 @contextlib.contextmanager
-def running_kube_stack(extra_arguments: Sequence[str] = (), **settings: str) -> Iterator[KubeStack]:
-    """Start `tfctl up --kubernetes` with `extra_arguments` and `TF_*` `settings`; SIGINT it on exit."""
+def running_kube_stack(
+    extra_arguments: Sequence[str] = (), state_dir: Path | None = None, **settings: str
+) -> Iterator[KubeStack]:
+    """Start `tfctl up --kubernetes` with `extra_arguments` and `TF_*` `settings`; SIGINT it on exit. In
+    `state_dir` when given (kept afterwards), else in a temporary one (removed)."""
     folder = Path(tempfile.mkdtemp(prefix="tfpool-e2e-k8s-"))
-    state_dir = folder / "state"
+    state_dir = state_dir or folder / "state"
+    started = time.monotonic()
     process = subprocess.Popen(
         [*UP, "--state-dir", str(state_dir), *extra_arguments],
         stdout=subprocess.PIPE,
@@ -101,7 +109,8 @@ def running_kube_stack(extra_arguments: Sequence[str] = (), **settings: str) -> 
         env=stack_environment(**settings),
     )
     try:
-        yield KubeStack(process, read_summary(process, timeout_s=READY_LIMIT_S), state_dir)
+        summary = read_summary(process, timeout_s=READY_LIMIT_S)
+        yield KubeStack(process, summary, state_dir, time.monotonic() - started)
     finally:
         if process.poll() is None:
             process.send_signal(signal.SIGINT)
