@@ -7,10 +7,17 @@ the local-stack guide test does) and run from the repository root with `KUBECONF
 stack's admin kubeconfig, against a real API server, controller manager, kube-scheduler and KWOK,
 with the five services in Kubernetes mode under their own service accounts. The steps share one
 stack and run in file order, like the guide: native pods on the device plugin, `enabled-replicas`
-1, 2, 4, 8 (COMPONENT column), `gpu-ids` and `kubectl get gpu` AVAILABLE, the fraction with several
-pods on one card, the roll back, and automatic migration with the guide's scope plus a
-`namespaceSelector` on real Namespace labels and a pod template labelled `tensor-fusion.ai/enabled:
-"false"`. `kubectl exec ... nvidia-smi -L` is the one command not run: KWOK runs no containers.
+1, 2, 4, 8 (COMPONENT column), `gpu-ids` and `kubectl get gpu` AVAILABLE, `enabled-replicas` removed,
+the fraction with several pods on one card, the roll back, and automatic migration with the guide's
+scope plus a `namespaceSelector` on real Namespace labels and a pod template labelled
+`tensor-fusion.ai/enabled: "false"`.
+
+The seed's per-pod commands (step 1's `jsonpath` of each container's limits, step 4's `jsonpath` of
+`tensor-fusion.ai/gpu-ids`) are in the guide as the seed writes them, with only its names filled in
+(`<pod-name>` is `"$POD" -n ml-serving`; `SEED_*` below quote the seed and the test fails if the guide
+drifts from them), and run here with `$POD` set to a real pod, their output compared with what the seed
+says the user sees. `kubectl exec "$POD" ... -- nvidia-smi` is the one command not run: KWOK runs no
+containers, so there is no process to exec into.
 """
 
 from __future__ import annotations
@@ -48,10 +55,23 @@ NAMESPACE = "ml-serving"
 ENABLED = "tensor-fusion.ai/enabled"
 ISOLATION = "tensor-fusion.ai/isolation"
 NATIVE_GPU = "nvidia.com/gpu"
+GPU_IDS = "tensor-fusion.ai/gpu-ids"
 TF_SCHEDULER = "tensor-fusion-scheduler"
-POD_COLUMNS = "kubectl get pod -n ml-serving -l app=llm -o custom-columns="
 SELECTED_NAMESPACE_LABEL = {"tfpool.example/migrate": "yes"}
 """The label of the namespace that the scope's added `namespaceSelector` takes in."""
+SEED_LIMITS = (
+    "kubectl get pod <pod-name> -o jsonpath="
+    r"""'{range .spec.containers[*]}{.name}{"\t"}{.resources.limits}{"\n"}{end}'"""
+)
+"""`seeds/migrate-existing-workload.en.txt`, step 1, as written there."""
+SEED_GPU_IDS = (
+    r"""kubectl get pod "$POD" -o jsonpath='{.metadata.annotations.tensor-fusion\.ai/gpu-ids}{"\n"}'"""
+)
+"""`seeds/migrate-existing-workload.en.txt`, step 4, as written there."""
+SEED_POD = '"$POD" -n ml-serving'
+"""What the guide writes for the seed's pod (`<pod-name>` and `"$POD"`): the shell variable, and the
+namespace the seed leaves to the current context."""
+REMOVE_ENABLED_REPLICAS = "kubectl patch deployment llm -n ml-serving --type json -p"
 
 
 def command(prefix: str) -> GuideCommand:
@@ -60,6 +80,14 @@ def command(prefix: str) -> GuideCommand:
     found = [c for c in COMMANDS if c.text.startswith(prefix)]
     assert len({c.text for c in found}) == 1, f"{GUIDE}: commands starting with {prefix!r}: {found}"
     return found[0]
+
+
+def seed_command(seed: str) -> GuideCommand:
+    """The guide's command that is the seed's `seed`, with only the pod's name filled in."""
+    written = seed.replace("<pod-name>", '"$POD"').replace('"$POD"', SEED_POD)
+    found = command(written)
+    assert found.text == written, f"{GUIDE}:{found.line} is not the seed's command:\n{found.text}\n{written}"
+    return found
 
 
 def manifest(name: str) -> dict[str, Any]:
@@ -112,15 +140,29 @@ class Guide:
 
         return eventually(f"{namespace}/{name}'s {replicas} new pods, and only those, Running", settled)
 
+    def for_pod(self, step: GuideCommand, pod: str) -> str:
+        """Run a guide command written for `"$POD"` with `POD` set to `pod`, as the user's shell would."""
+        assert '"$POD"' in step.text, step.text
+        return self.run(step.text.replace('"$POD"', pod))
+
     def components(self) -> dict[str, str]:
         """Step 3's `-L tensor-fusion.ai/component`: pod name -> its COMPONENT cell."""
         rows = self.table(command("kubectl get pod -n ml-serving -l app=llm -L tensor-fusion.ai/component"))
         return {row["NAME"]: row["COMPONENT"] for row in rows}
 
     def gpus_of_pods(self) -> dict[str, list[str]]:
-        """Step 4's GPUS column: pod name -> the GPUs in its `tensor-fusion.ai/gpu-ids`."""
-        rows = self.table(command(f"{POD_COLUMNS}'NAME:.metadata.name,GPUS:"))
-        return {row["NAME"]: [] if row["GPUS"] == "<none>" else row["GPUS"].split(",") for row in rows}
+        """Pod name -> the GPUs in its `tensor-fusion.ai/gpu-ids` (from the pods' JSON)."""
+        pods = self.stack.kubectl_json("get", "pods", "-n", NAMESPACE, "-l", "app=llm")["items"]
+        return {
+            pod["metadata"]["name"]: [
+                gpu for gpu in pod["metadata"].get("annotations", {}).get(GPU_IDS, "").split(",") if gpu
+            ]
+            for pod in pods
+        }
+
+    def seed_gpu_ids(self, pod: str) -> str:
+        """Step 4's first command, the seed's, for `pod`: its `gpu-ids` and a newline."""
+        return self.for_pod(seed_command(SEED_GPU_IDS), pod)
 
     def available(self) -> dict[str, str]:
         """Step 4's AVAILABLE column: GPU name -> what kubectl prints for `.status.available`."""
@@ -204,8 +246,10 @@ def test_step_1_native_pods_run_on_the_device_plugin_of_the_gpu_nodes(guide: Gui
     for pod in pods:
         assert_on_the_device_plugin(pod)
         assert pod["spec"]["nodeName"] in {"sim-node-1", "sim-node-2"}
-    limits = guide.table(command(f"{POD_COLUMNS}'NAME:.metadata.name,LIMITS:"))
-    assert {row["LIMITS"] for row in limits} == {"map[nvidia.com/gpu:1]"}
+    limits = seed_command(SEED_LIMITS)
+    for pod in pods:
+        # The seed: "Note the number of GPUs per Pod" (the container, a tab, its limits).
+        assert guide.for_pod(limits, pod["metadata"]["name"]) == 'app\t{"nvidia.com/gpu":"1"}\n'
     capacity = guide.table(command("kubectl get gpu -o custom-columns='NAME:.metadata.name,MODEL:"))
     assert {(row["MODEL"], row["CAPACITY"]) for row in capacity} == {
         ("H100", "map[tflops:989400m vram:80Gi]")
@@ -223,9 +267,11 @@ def test_step_2_exactly_one_replica_is_taken_over_as_a_whole_gpu(guide: Guide, g
     [migrated] = [name for name, component in components.items() if component == "worker"]
     gpu = assert_whole_gpu(pods[migrated], gpus)
     assert guide.gpus_of_pods() == {name: [gpu] if name == migrated else [] for name in pods}
+    assert guide.seed_gpu_ids(migrated) == f"{gpu}\n", "the seed's step 4: its gpu-ids lists its GPU"
     for name, pod in pods.items():
         if name != migrated:
             assert_on_the_device_plugin(pod)
+            assert guide.seed_gpu_ids(name) == "\n", "a pod left to the device plugin has no gpu-ids"
     eventually(f"{gpu} showing zero available", lambda: guide.available()[gpu] == "map[tflops:0 vram:0]")
     assert sum(value == "map[tflops:0 vram:0]" for value in guide.available().values()) == 1
 
@@ -252,19 +298,42 @@ def test_step_3_raising_enabled_replicas_takes_over_that_many(
             assert held[name] == []
 
 
-def test_step_4_every_pod_has_its_own_gpu_and_those_gpus_show_zero_available(guide: Guide) -> None:
+def assert_each_pod_has_its_own_gpu_showing_zero_available(guide: Guide) -> None:
+    """Step 4's checks on every pod: the seed's `gpu-ids` command prints one GPU per pod, a different
+    one each, and exactly those GPUs show zero available."""
     held = guide.gpus_of_pods()
 
     assigned = [gpu for gpus in held.values() for gpu in gpus]
     assert len(held) == 8
     assert all(len(gpus) == 1 for gpus in held.values()), held
     assert len(set(assigned)) == 8, "a whole GPU each"
+    for pod, gpus in held.items():
+        assert guide.seed_gpu_ids(pod) == f"{gpus[0]}\n"
 
     def zero_on_exactly_the_assigned() -> bool:
         zero = {gpu for gpu, value in guide.available().items() if value == "map[tflops:0 vram:0]"}
         return zero == set(assigned)
 
     eventually("exactly the assigned GPUs showing zero available", zero_on_exactly_the_assigned)
+
+
+def test_step_4_every_pod_has_its_own_gpu_and_those_gpus_show_zero_available(guide: Guide) -> None:
+    assert_each_pod_has_its_own_gpu_showing_zero_available(guide)
+
+
+def test_step_4_removing_enabled_replicas_rolls_out_with_every_pod_still_taken_over(
+    guide: Guide, gpus: set[str]
+) -> None:
+    guide.run(command(REMOVE_ENABLED_REPLICAS))
+
+    pods = guide.rolled_out()
+
+    template = guide.stack.kubectl_json("get", "deployment", "llm", "-n", NAMESPACE)["spec"]["template"]
+    assert "tensor-fusion.ai/enabled-replicas" not in template["metadata"]["annotations"]
+    assert set(guide.components().values()) == {"worker"}
+    for pod in pods:
+        assert_whole_gpu(pod, gpus)
+    assert_each_pod_has_its_own_gpu_showing_zero_available(guide)
 
 
 def test_step_5_the_fraction_rolls_out_and_several_pods_share_one_card(guide: Guide) -> None:
