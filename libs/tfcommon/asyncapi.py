@@ -17,9 +17,9 @@ from pydantic import BaseModel
 from pydantic.json_schema import GenerateJsonSchema, JsonSchemaMode, JsonSchemaValue, models_json_schema
 from pydantic_core import core_schema
 
-from tfcommon import events, subjects
+from tfcommon import events, node_allocations, subjects
 from tfcommon.catalogue import filter_matches, render_catalogue, stream_of
-from tfcommon.events import Command, Message, NodeCommand
+from tfcommon.events import Command, FromNodeCommand, Message, NodeCommand
 from tfcommon.subjects import ConsumerSpec
 
 ASYNCAPI_VERSION = "3.0.0"
@@ -33,7 +33,10 @@ _NODE_PLACEHOLDER = "{" + NODE_PARAMETER + "}"
 DESCRIPTION = """Every message tfpool publishes on NATS JetStream: JSON (UTF-8) payloads with
 CloudEvents 1.0 attributes in binary content mode (NATS headers). Facts are `tf.evt.*` (stream
 TF_EVENTS, kept 7 days, any number of readers); commands are `tf.cmd.*` (stream TF_COMMANDS, a work
-queue for exactly one service). Node commands are published on `<subject>.<node>`.
+queue for exactly one service). Node commands are published on `<subject>.<node>`; a command a node
+agent sends about its own node on `<subject>.<node token>` (dots of the node name written `_`). The
+one request/reply channel, `tf.req.scheduler.node-allocations.{node}`, is core NATS (not stored): node
+agents, which hold no database credential, ask the scheduler for their own node's allocations.
 
 Evolution is additive: a released message only gains optional fields; a breaking change is a new
 subject. Readers ignore payload fields they do not know (the schemas allow additional properties), so
@@ -83,8 +86,8 @@ def message_json_schemas() -> dict[str, str]:
 
 
 def channel_address(message_type: type[Message]) -> str:
-    """The AsyncAPI channel address: the subject, with `{node}` for node commands."""
-    if issubclass(message_type, NodeCommand):
+    """The AsyncAPI channel address: the subject, with `{node}` for commands to or from a node."""
+    if issubclass(message_type, NodeCommand | FromNodeCommand):
         return f"{message_type.subject}.{_NODE_PLACEHOLDER}"
     return message_type.subject
 
@@ -149,13 +152,13 @@ def cloudevents_headers_schema(message_type: type[Message]) -> dict[str, Any]:
     }
 
 
-def _doc(message_type: type[Message]) -> str:
+def _doc(message_type: type[BaseModel]) -> str:
     return " ".join((message_type.__doc__ or "").split())
 
 
 def _component_schemas() -> dict[str, Any]:
     pairs: list[tuple[type[BaseModel], JsonSchemaMode]] = [
-        (cls, "validation") for cls in events.MESSAGE_TYPES.values()
+        (cls, "validation") for cls in (*events.MESSAGE_TYPES.values(), *_REQUEST_MODELS)
     ]
     _, definitions = models_json_schema(
         pairs, ref_template="#/components/schemas/{model}", schema_generator=TolerantReaderJsonSchema
@@ -177,7 +180,85 @@ def _channel(message_type: type[Message]) -> dict[str, Any]:
         channel["parameters"] = {
             NODE_PARAMETER: {"description": "the node whose agent must act (a Kubernetes node name)"}
         }
+    elif issubclass(message_type, FromNodeCommand):
+        channel["parameters"] = {NODE_PARAMETER: {"description": _FROM_NODE}}
     return channel
+
+
+_FROM_NODE = "the node whose agent sends it, as one subject token (its name with dots written `_`)"
+REQUEST_CHANNEL = node_allocations.NODE_ALLOCATIONS
+REPLY_CHANNEL = f"{node_allocations.NODE_ALLOCATIONS}.reply"
+_REQUEST_MODELS: tuple[type[BaseModel], ...] = (
+    node_allocations.NodeAllocationsRequest,
+    node_allocations.NodeAllocationsReply,
+)
+
+
+def _request_channels() -> dict[str, Any]:
+    """The node-allocations request channel and its reply channel (the requester's inbox)."""
+    request, reply = (model.__name__ for model in _REQUEST_MODELS)
+    return {
+        REQUEST_CHANNEL: {
+            "address": f"{REQUEST_CHANNEL}.{_NODE_PLACEHOLDER}",
+            "title": request,
+            "description": "Core NATS request/reply (not stored): a node agent, which holds no database "
+            "credential, asks for its own node's open allocations (or one allocation); every scheduler "
+            f"replica answers in the queue group `{node_allocations.SCHEDULER_QUEUE}`, with allocations "
+            "placed on the node of the subject only.",
+            "messages": {request: {"$ref": f"#/components/messages/{request}"}},
+            "parameters": {NODE_PARAMETER: {"description": _FROM_NODE}},
+        },
+        REPLY_CHANNEL: {
+            "address": None,
+            "title": reply,
+            "description": "The scheduler's reply, on the requester's inbox.",
+            "messages": {reply: {"$ref": f"#/components/messages/{reply}"}},
+        },
+    }
+
+
+def _request_messages() -> dict[str, Any]:
+    return {
+        model.__name__: {
+            "name": model.__name__,
+            "title": model.__name__,
+            "summary": _doc(model).split(". ")[0].rstrip("."),
+            "description": _doc(model),
+            "contentType": "application/json",
+            "payload": {"$ref": f"#/components/schemas/{model.__name__}"},
+            "tags": [{"name": "request"}],
+        }
+        for model in _REQUEST_MODELS
+    }
+
+
+def _request_operations() -> dict[str, Any]:
+    request, reply = (model.__name__ for model in _REQUEST_MODELS)
+    reply_object = {
+        "channel": {"$ref": f"#/channels/{REPLY_CHANNEL}"},
+        "messages": [{"$ref": f"#/channels/{REPLY_CHANNEL}/messages/{reply}"}],
+    }
+    channel = {"$ref": f"#/channels/{REQUEST_CHANNEL}"}
+    messages = [{"$ref": f"#/channels/{REQUEST_CHANNEL}/messages/{request}"}]
+    return {
+        f"node-agent.send.{request}": {
+            "action": "send",
+            "channel": channel,
+            "messages": messages,
+            "reply": reply_object,
+            "summary": "node-agent asks for its own node's allocations",
+            "tags": [{"name": "node-agent"}],
+        },
+        f"scheduler.receive.{request}": {
+            "action": "receive",
+            "channel": channel,
+            "messages": messages,
+            "reply": reply_object,
+            "summary": "scheduler answers from the ledger, with the subject's node's allocations only",
+            "tags": [{"name": "scheduler"}],
+            "x-tfpool-queue-group": node_allocations.SCHEDULER_QUEUE,
+        },
+    }
 
 
 def _message(message_type: type[Message]) -> dict[str, Any]:
@@ -232,7 +313,7 @@ def _escape_pointer(token: str) -> str:
 def asyncapi_document() -> dict[str, Any]:
     """The AsyncAPI 3.0 document of every message, channel and producing or consuming service."""
     message_types = list(events.MESSAGE_TYPES.values())
-    operations: dict[str, Any] = {}
+    operations: dict[str, Any] = _request_operations()
     for cls in message_types:
         operations.update(_operations(cls))
     return {
@@ -252,10 +333,16 @@ def asyncapi_document() -> dict[str, Any]:
                 "may watch tf.evt.>",
             }
         },
-        "channels": {channel_id(cls): _channel(cls) for cls in message_types},
+        "channels": {
+            **{channel_id(cls): _channel(cls) for cls in message_types},
+            **_request_channels(),
+        },
         "operations": dict(sorted(operations.items())),
         "components": {
-            "messages": {cls.__name__: _message(cls) for cls in message_types},
+            "messages": {
+                **{cls.__name__: _message(cls) for cls in message_types},
+                **_request_messages(),
+            },
             "schemas": _component_schemas(),
         },
     }

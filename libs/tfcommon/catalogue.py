@@ -16,8 +16,8 @@ from annotated_types import Ge, Gt, Le, MaxLen, MinLen
 from pydantic import BaseModel, StringConstraints
 from pydantic.fields import FieldInfo
 
-from tfcommon import events, subjects
-from tfcommon.events import Command, Message, NodeCommand
+from tfcommon import events, node_allocations, subjects
+from tfcommon.events import Command, FromNodeCommand, Message, NodeCommand
 from tfcommon.subjects import ConsumerSpec
 
 EXAMPLE_NODE = "NODE"
@@ -42,6 +42,9 @@ Every message is JSON (UTF-8) on a NATS JetStream subject. Headers on every mess
 
 Evolution: fields are only ever added, and only as optional; a breaking change is a new subject.
 Node commands are published on `<subject>.<node>`; each node-agent consumes only its own node's.
+Commands a node agent sends about its own node (`tf.cmd.scheduler.release-allocation`) are published on
+`<subject>.<node token>`: the node name as one subject token, dots written `_`. The node agent holds no
+database credential; what it reads from the ledger it asks the scheduler (see Requests, at the end).
 """
 
 
@@ -57,7 +60,7 @@ def filter_matches(pattern: str, subject: str) -> bool:
 
 
 def _example_subject(message_type: type[Message]) -> str:
-    if issubclass(message_type, NodeCommand):
+    if issubclass(message_type, NodeCommand | FromNodeCommand):
         return f"{message_type.subject}.{EXAMPLE_NODE}"
     return message_type.subject
 
@@ -226,10 +229,48 @@ def render_catalogue() -> str:
     lines.append("")
     for cls in order:
         lines += _message_section(cls)
+    lines += _request_section()
     lines += ["## Shared types", ""]
     for model in _nested_models(message_types):
         lines += [f"### {model.__name__}", "", _doc(model), "", *_field_rows(model.model_fields), ""]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _request_section() -> Iterator[str]:
+    subject = f"{node_allocations.NODE_ALLOCATIONS}.{EXAMPLE_NODE}"
+    yield "## Requests"
+    yield ""
+    yield (
+        "Core NATS request/reply, not stored in a stream: the reply goes to the requester's inbox. "
+        "A request nobody answers fails at once (no responders) or after the requester's timeout."
+    )
+    yield ""
+    yield f"### `{subject}`"
+    yield ""
+    yield (
+        "A node agent holds no database credential: it asks the scheduler for its node's open allocations "
+        "at start, and for the allocation each `StartWorker` names. The scheduler answers from the ledger "
+        "with allocations placed on the node of the subject only (read from the subject, never from the "
+        "payload); a ledger it cannot read is answered with `error`, and the agent asks again."
+    )
+    yield ""
+    yield "- requesters: node-agent (for its own node only; the node as one subject token, dots written `_`)"
+    yield (
+        f"- responders: scheduler, every replica in the queue group `{node_allocations.SCHEDULER_QUEUE}`; "
+        f"the agent waits {node_allocations.REQUEST_TIMEOUT_S:g} s"
+    )
+    for model in (
+        node_allocations.NodeAllocationsRequest,
+        node_allocations.NodeAllocationsReply,
+        node_allocations.NodeAllocation,
+    ):
+        yield ""
+        yield f"#### {model.__name__}"
+        yield ""
+        yield _doc(model)
+        yield ""
+        yield from _field_rows(model.model_fields)
+    yield ""
 
 
 def _anchor(subject: str) -> str:

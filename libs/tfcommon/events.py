@@ -77,6 +77,31 @@ class NodeCommand(Command):
         return f"{self.subject}.{self.node}"
 
 
+def node_token(node: str) -> str:
+    """`node` as one NATS subject token: its dots become `_` (a node name never holds `_`, so the token
+    names one node only; `node_of_token` reads it back)."""
+    return node.replace(".", "_")
+
+
+def node_of_token(token: str) -> str:
+    """The node name a subject token (`node_token`) stands for."""
+    return token.replace("_", ".")
+
+
+class FromNodeCommand(Command):
+    """A command a node agent sends about its own node, published on `<subject>.<node token>` (the node
+    name as one subject token, dots as `_`: `node_token`).
+
+    NATS lets each agent publish it for its own node only, and `decode` refuses a payload whose `node`
+    is not the subject's, so the receiver acts for the node the subject names.
+    """
+
+    node: NodeName = Field(description="the node whose agent sends it; also the subject's last token")
+
+    def routing_subject(self) -> str:
+        return f"{self.subject}.{node_token(self.node)}"
+
+
 class WorkloadRef(BaseModel):
     """Which workload a message is about: a pod (Kubernetes) or a local submission."""
 
@@ -444,6 +469,22 @@ class DiscoverGpus(NodeCommand):
     producers: ClassVar[tuple[str, ...]] = ("tfctl",)
 
 
+class ReleaseAllocation(FromNodeCommand):
+    """Close an allocation of this node in the ledger: the worker a `StartWorker` started on it ended
+    (or the agent found it left over after a restart). The node agent holds no database credential, so
+    the scheduler releases it, through the ledger (history, `tf.evt.allocation.released` through the
+    outbox), and only while the allocation is open and placed on the node of the subject; otherwise it
+    logs why and releases nothing. Idempotent: a repeat releases nothing more. `cause` is the
+    `StartWorker` command's `event_id` (none after a restart), kept as the release's cause in the ledger.
+    """
+
+    subject: ClassVar[str] = "tf.cmd.scheduler.release-allocation"
+    producers: ClassVar[tuple[str, ...]] = ("node-agent",)
+
+    allocation_id: UUID = Field(description="the ledger allocation")
+    reason: str = Field(min_length=1, description="why it ends, in words; the ledger's release reason")
+
+
 class StartDefragCampaign(Command):
     """Start a defragmentation campaign for a pool now (`tfctl defrag run --pool NAME --now`)."""
 
@@ -480,7 +521,8 @@ def _concrete_message_types() -> dict[str, type[Message]]:
 
 
 MESSAGE_TYPES: dict[str, type[Message]] = _concrete_message_types()
-"""Every concrete message class by its subject (node commands by their subject without the node)."""
+"""Every concrete message class by its subject (commands to or from a node by their subject without
+the node)."""
 
 
 def message_type_for(subject: str) -> type[Message]:
@@ -489,7 +531,7 @@ def message_type_for(subject: str) -> type[Message]:
     if exact is not None:
         return exact
     for base, cls in MESSAGE_TYPES.items():
-        if issubclass(cls, NodeCommand) and subject.startswith(base + "."):
+        if issubclass(cls, NodeCommand | FromNodeCommand) and subject.startswith(base + "."):
             return cls
     raise UnknownSubjectError(
         f"no message type is registered for subject {subject!r}; "
@@ -501,9 +543,9 @@ def decode(subject: str, data: bytes) -> Message:
     """Validate `data` (JSON) as the message registered for `subject`.
 
     Raises `UnknownSubjectError` or `InvalidPayloadError`; both messages name the subject and the fix.
-    A node command whose payload names another node than its subject is invalid. Fields the model does
-    not know, at any depth, are ignored (a newer producer's optional additions); a missing or ill-typed
-    known field is still invalid.
+    A command to or from a node whose payload names another node than its subject is invalid. Fields
+    the model does not know, at any depth, are ignored (a newer producer's optional additions); a
+    missing or ill-typed known field is still invalid.
     """
     cls = message_type_for(subject)
     try:

@@ -6,13 +6,16 @@ A service is described by a `ServiceSpec` and run with `serve(spec, stop=...)` (
 1. connect to NATS (`NatsEventBus`) and wait for Postgres to answer, retrying up to
    `spec.startup_timeout_s`; then `subjects.provision()` the streams and the service's own durable
    consumers (`subjects.consumers_of(spec.name)`; the node-agent adds its per-node ones itself);
-2. open the ledger (`SqlLedger`) and build a `ServiceContext`;
+2. open the ledger (`SqlLedger`) and build a `ServiceContext`. A service whose spec says
+   `needs_ledger=False` (the node agent: it reaches the ledger only through the scheduler, over NATS)
+   skips Postgres altogether: no `TF_DATABASE_URL` is needed or read, none is waited for, and its
+   `/readyz` has no `postgres` check;
 3. call `spec.compose(context)`: the service's own composition root. It returns `Components`: FastAPI
    routers, named background tasks (pull-consumer loops, timers) and extra readiness checks. Anything it
    opens that needs closing goes on `context.cleanup` (an `AsyncExitStack`);
 4. serve HTTP with uvicorn (HTTPS when `spec.tls` is set) with `GET /healthz` (alive) and `GET /readyz`
-   (200 only when NATS and Postgres answer and every extra check passes; 503 with a JSON body naming
-   what is down) plus the routers, and run the tasks;
+   (200 only when NATS and Postgres (if used) answer and every extra check passes; 503 with a JSON body
+   naming what is down) plus the routers, and run the tasks;
 5. on `stop` (SIGTERM/SIGINT): stop accepting connections, set `context.stopping` so the tasks finish
    their in-flight work and return, drain the NATS connection, close `context.cleanup` and the ledger,
    and return. A task that fails or returns before `stopping` is set stops the service with
@@ -121,7 +124,8 @@ class ServiceContext(Generic[SettingsT]):
     """The running service's shared dependencies, handed to `compose`.
 
     `bus` is connected (its `.nc` / `.js` are the NATS connection and JetStream context) and the streams
-    are provisioned; `ledger` is open. `stopping` is set when the service begins to shut down.
+    are provisioned; `ledger` is open (reading it, or `database_url`, in a service that runs without
+    the ledger raises `NoLedgerError`). `stopping` is set when the service begins to shut down.
     `cleanup` is closed after the tasks have returned and the bus has drained (last in, first out).
     `ssl_context` is the live server context when serving HTTPS: loading a new chain into it
     (`load_cert_chain`) rotates the certificate for new connections without a restart.
@@ -130,11 +134,27 @@ class ServiceContext(Generic[SettingsT]):
     name: str
     settings: SettingsT
     bus: NatsEventBus
-    ledger: SqlLedger
-    database_url: str
     stopping: asyncio.Event
     cleanup: AsyncExitStack
     ssl_context: ssl.SSLContext | None
+    open_ledger: SqlLedger | None = None
+    open_database_url: str | None = None
+
+    @property
+    def ledger(self) -> SqlLedger:
+        if self.open_ledger is None:
+            raise NoLedgerError(f"service {self.name} runs without the ledger (ServiceSpec.needs_ledger)")
+        return self.open_ledger
+
+    @property
+    def database_url(self) -> str:
+        if self.open_database_url is None:
+            raise NoLedgerError(f"service {self.name} runs without the ledger (ServiceSpec.needs_ledger)")
+        return self.open_database_url
+
+
+class NoLedgerError(RuntimeError):
+    """A service that runs without the ledger (`ServiceSpec.needs_ledger=False`) reached for it."""
 
 
 def freeze_startup_heap() -> None:
@@ -193,7 +213,8 @@ class ServiceSpec(Generic[SettingsT]):
     """How to run one service: its kebab-case name (logs, consumer prefix), settings, port and parts.
 
     `host` and `port` are where it listens; `tls` switches the server to HTTPS. `compose` builds the
-    service's `Components` once the bus and ledger are up.
+    service's `Components` once the bus and ledger are up. `needs_ledger=False` runs it without
+    Postgres (no `TF_DATABASE_URL`, no database wait or readiness check, no ledger in its context).
     """
 
     name: str
@@ -203,14 +224,25 @@ class ServiceSpec(Generic[SettingsT]):
     host: str | None = None
     tls: TlsFiles | None = None
     startup_timeout_s: float = 30.0
+    needs_ledger: bool = True
 
     @property
     def bind_host(self) -> str:
         return self.host if self.host is not None else self.settings.bind_host
 
 
-def required_urls(settings: ServiceSettings) -> tuple[str, str]:
-    """Return `(nats_url, database_url)` or raise `StartupError` naming every missing variable."""
+def required_urls(settings: ServiceSettings, *, ledger: bool = True) -> tuple[str, str | None]:
+    """Return `(nats_url, database_url)` or raise `StartupError` naming every missing variable.
+
+    With `ledger=False` (a service that runs without the ledger) only `TF_NATS_URL` is required and
+    the database URL returned is None, whatever `TF_DATABASE_URL` says."""
+    if not ledger:
+        if not settings.nats.url:
+            raise StartupError(
+                "TF_NATS_URL not set: this service needs the bus (and no database), e.g. "
+                "TF_NATS_URL=nats://127.0.0.1:4222 (or run the whole local stack with `tfctl up`)"
+            )
+        return settings.nats.url, None
     missing = [
         name
         for name, value in (("TF_NATS_URL", settings.nats.url), ("TF_DATABASE_URL", settings.database.url))
@@ -483,19 +515,28 @@ async def serve(spec: ServiceSpec[SettingsT], *, stop: asyncio.Event) -> None:
     Raises `StartupError` when NATS or Postgres cannot be reached or a setting is missing, and
     `ServiceFailedError` when a background task or the HTTP server fails while running.
     """
-    nats_url, database_url = required_urls(spec.settings)
+    nats_url, database_url = required_urls(spec.settings, ledger=spec.needs_ledger)
+    if database_url is None and spec.settings.database.url:
+        log.warning(
+            "TF_DATABASE_URL is set but this service runs without the ledger; it is not used: remove it",
+            extra={"service": spec.name, "event": "service.unused_database_url"},
+        )
     started_at = time.monotonic()
     async with AsyncExitStack() as resources:
         try:
             await _unless_stopped(_wait_for_port(spec.bind_host, spec.port), stop)
-            engine = probe_engine(database_url)
-            resources.push_async_callback(engine.dispose)
+            engine = None if database_url is None else probe_engine(database_url)
+            if engine is not None:
+                resources.push_async_callback(engine.dispose)
             bus = await _unless_stopped(_connect_bus(spec, nats_url), stop)
             resources.push_async_callback(_close_bus, bus)
-            await _unless_stopped(_wait_for_postgres(spec, engine, database_url), stop)
+            if engine is not None and database_url is not None:
+                await _unless_stopped(_wait_for_postgres(spec, engine, database_url), stop)
             await _unless_stopped(_provision(spec, bus), stop)
-            ledger = SqlLedger.create(database_url, pool_size=spec.settings.database.pool_size)
-            resources.push_async_callback(ledger.close)
+            ledger = None
+            if database_url is not None:
+                ledger = SqlLedger.create(database_url, pool_size=spec.settings.database.pool_size)
+                resources.push_async_callback(ledger.close)
         except _StopRequestedError:
             log.info(
                 "stopped while starting",
@@ -508,18 +549,18 @@ async def serve(spec: ServiceSpec[SettingsT], *, stop: asyncio.Event) -> None:
             name=spec.name,
             settings=spec.settings,
             bus=bus,
-            ledger=ledger,
-            database_url=database_url,
             stopping=asyncio.Event(),
             cleanup=cleanup,
             ssl_context=ssl_context,
+            open_ledger=ledger,
+            open_database_url=database_url,
         )
         components = await spec.compose(context)
-        checks: dict[str, ReadinessCheck] = {
-            "nats": lambda: check_nats(bus),
-            "postgres": lambda: check_postgres(engine),
-            **components.readiness,
-        }
+        checks: dict[str, ReadinessCheck] = {"nats": lambda: check_nats(bus)}
+        if engine is not None:
+            probe = engine
+            checks["postgres"] = lambda: check_postgres(probe)
+        checks.update(components.readiness)
         app = build_app(spec.name, components.routers, checks)
         config = uvicorn.Config(
             with_front_routes(app, components.front_routes),

@@ -1,7 +1,9 @@
 """Every NATS name: subjects, streams and durable consumers, and the idempotent `provision()`.
 
 Subjects are `tf.evt.<entity>.<past-tense-verb>` for facts and `tf.cmd.<service>.<verb>[.<node>]` for
-commands; streams `TF_EVENTS` and `TF_COMMANDS`; durable pull consumers `<service>-<handler>`.
+commands (`.<node token>` for a command a node agent sends: `events.FromNodeCommand`); streams
+`TF_EVENTS` and `TF_COMMANDS`; durable pull consumers `<service>-<handler>`. The one request/reply
+subject, `tf.req.scheduler.node-allocations.<node token>`, is in `tfcommon.node_allocations`.
 Subject strings are declared once, on the message classes in `tfcommon.events`; this module names
 them for wiring and declares every stream and consumer. Nothing is created implicitly elsewhere.
 
@@ -57,6 +59,7 @@ START_WORKER = events.StartWorker.subject
 STOP_WORKER = events.StopWorker.subject
 DISCOVER_GPUS = events.DiscoverGpus.subject
 START_DEFRAG_CAMPAIGN = events.StartDefragCampaign.subject
+RELEASE_ALLOCATION = events.ReleaseAllocation.subject
 
 NODE_AGENT_COMMANDS_PREFIX = "tf.cmd.node-agent"
 
@@ -64,6 +67,11 @@ NODE_AGENT_COMMANDS_PREFIX = "tf.cmd.node-agent"
 def node_agent_commands(node: str) -> str:
     """Filter subject of every command addressed to `node`'s agent."""
     return f"{NODE_AGENT_COMMANDS_PREFIX}.*.{node}"
+
+
+def release_allocation(node: str) -> str:
+    """The subject on which `node`'s agent asks the scheduler to release an allocation of its node."""
+    return f"{RELEASE_ALLOCATION}.{events.node_token(node)}"
 
 
 @dataclass(frozen=True)
@@ -181,6 +189,15 @@ SCHEDULER_TRACK_ALLOCATIONS = ConsumerSpec(
     deliver_policy="new",
     service="scheduler",
 )
+SCHEDULER_RELEASE_ALLOCATIONS = ConsumerSpec(
+    stream=COMMANDS_STREAM,
+    durable="scheduler-release-allocations",
+    filter_subjects=(f"{RELEASE_ALLOCATION}.*",),
+    description="releases what node agents ask, when open and on the node of the subject",
+    max_deliver=30,
+    backoff_s=(1.0, 5.0, 15.0, 30.0, 60.0),
+    service="scheduler",
+)
 METRICS_RECORD_USAGE = ConsumerSpec(
     stream=EVENTS_STREAM,
     durable="metrics-record-usage",
@@ -217,6 +234,7 @@ CONSUMERS: tuple[ConsumerSpec, ...] = (
     SCHEDULER_SCHEDULE_WORKLOAD,
     SCHEDULER_TRACK_NODES,
     SCHEDULER_TRACK_ALLOCATIONS,
+    SCHEDULER_RELEASE_ALLOCATIONS,
     METRICS_RECORD_USAGE,
     METRICS_COUNT_EVENTS,
     DEFRAG_START_CAMPAIGN,
@@ -226,7 +244,7 @@ CONSUMERS: tuple[ConsumerSpec, ...] = (
 
 def _node_token(node: str) -> str:
     # Consumer names may not contain dots; node names (RFC 1123 subdomains) may.
-    return node.replace(".", "_")
+    return events.node_token(node)
 
 
 def node_agent_run_commands(node: str) -> ConsumerSpec:

@@ -1,11 +1,12 @@
 """Composition root of the scheduler service (places pending GPU workloads and reserves them in the ledger).
 
 Only wiring lives here: `compose` plugs the API, the consumers (submitted workloads, node-agent
-inventory, allocations released by other processes), the outbox relay and the timers into the shared
-runtime (`tfcommon.runtime`); decisions live in `tfscheduler.core` and `tfscheduler.engine`. In
+inventory, allocations released by other processes, releases node agents ask for), the answers to node
+agents' allocation requests, the outbox relay and the timers into the shared runtime
+(`tfcommon.runtime`); decisions live in `tfscheduler.core` and `tfscheduler.engine`. In
 Kubernetes mode with leader election only the holder of the Lease runs the pod watch, binding, status
-writer, cordon sync and pending retries (`kubernetes_tasks`); every replica serves the API and
-`GET /api/v1/leader`. Nothing is built at import time.
+writer, cordon sync and pending retries (`kubernetes_tasks`); every replica serves the API,
+`GET /api/v1/leader` and the node agents' requests and releases. Nothing is built at import time.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from tfscheduler.core.quota import NamespaceQuota, QuotaError, parse_quota
 from tfscheduler.engine import Scheduler, placement_problems
 from tfscheduler.inventory import inventory_handler
 from tfscheduler.kubernetes_mode import KubernetesScheduler, wire_kubernetes
+from tfscheduler.node_requests import release_handler, serve_node_allocations
 from tfscheduler.quota_source import ClusterQuotas, QuotaStatusWriter, follow_quotas
 from tfscheduler.submission import Submission
 
@@ -172,6 +174,15 @@ async def compose(context: ServiceContext[SchedulerSettings]) -> Components:
             context.bus.js,
             subjects.SCHEDULER_TRACK_NODES,
             inventory_handler(context.ledger, scheduler),
+            bus=context.bus,
+            service=SERVICE,
+            stop=stop,
+        ),
+        "node-allocations": lambda: serve_node_allocations(context.bus, context.ledger, stop),
+        "release-allocations": lambda: run_pull_consumer(
+            context.bus.js,
+            subjects.SCHEDULER_RELEASE_ALLOCATIONS,
+            release_handler(scheduler),
             bus=context.bus,
             service=SERVICE,
             stop=stop,

@@ -16,12 +16,14 @@ from contextlib import asynccontextmanager
 import nats
 import pytest
 from nats.aio.client import Client
+from nats.aio.msg import Msg
 from nats.js.errors import Error as JetStreamError
 from secured_nats_server import SecuredNats, pod_admitted
 from tfcommon import events, subjects
 from tfcommon.bus import NatsEventBus, inbox_prefix_for
 from tfcommon.catalogue import filter_matches
-from tfcommon.events import encode
+from tfcommon.events import encode, node_token
+from tfcommon.node_allocations import NODE_ALLOCATIONS, SCHEDULER_QUEUE, node_allocations_subject
 from tfcommon.subjects import ConsumerSpec
 from tfctl.commands.events import tail
 
@@ -75,6 +77,8 @@ def producer_names(message_type: type[events.Message]) -> set[str]:
 def published_subject(message_type: type[events.Message]) -> str:
     if issubclass(message_type, events.NodeCommand):
         return f"{message_type.subject}.{NODE}"
+    if issubclass(message_type, events.FromNodeCommand):
+        return f"{message_type.subject}.{node_token(NODE)}"
     return message_type.subject
 
 
@@ -323,3 +327,42 @@ def test_each_durable_is_provisioned_by_exactly_one_service() -> None:
         f"node-agent-run-commands-{NODE}",
         f"node-agent-track-allocations-{NODE}",
     }
+
+
+async def test_a_node_agent_asks_for_its_allocations_and_the_scheduler_answers(
+    provisioned: SecuredNats,
+) -> None:
+    async def answer(msg: Msg) -> None:
+        await msg.respond(f'{{"node": "{msg.subject.rsplit(".", 1)[1]}"}}'.encode())
+
+    async with connected(provisioned, "scheduler") as (scheduler, answered_violations):
+        await scheduler.subscribe(f"{NODE_ALLOCATIONS}.*", queue=SCHEDULER_QUEUE, cb=answer)
+        await scheduler.flush()
+        async with connected(provisioned, "node-agent") as (agent, asked_violations):
+            reply = await agent.request(node_allocations_subject(NODE), b"{}", timeout=DEADLINE_S)
+            await agent.flush()
+        await scheduler.flush()
+    assert reply.data == f'{{"node": "{node_token(NODE)}"}}'.encode()
+    assert asked_violations.messages == []
+    assert answered_violations.messages == []
+
+
+@pytest.mark.parametrize("service", [s for s in (*SERVICES, "readonly") if s != "node-agent"])
+async def test_only_a_node_agent_may_ask_for_a_nodes_allocations(
+    provisioned: SecuredNats, service: str
+) -> None:
+    subject = node_allocations_subject(NODE)
+    async with connected(provisioned, service) as (client, violations):
+        await client.publish(subject, b"{}", reply=client.new_inbox())
+        await client.flush()
+        assert await violations.wait_for(f'publish to "{subject}"')
+
+
+@pytest.mark.parametrize("service", [s for s in (*SERVICES, "readonly") if s != "scheduler"])
+async def test_only_the_scheduler_may_receive_allocation_requests(
+    provisioned: SecuredNats, service: str
+) -> None:
+    async with connected(provisioned, service) as (client, violations):
+        await client.subscribe(f"{NODE_ALLOCATIONS}.*", queue=SCHEDULER_QUEUE)
+        await client.flush()
+        assert await violations.wait_for(f'subscription to "{NODE_ALLOCATIONS}.*"')

@@ -85,7 +85,8 @@ def strategy_for(annotation: Any, metadata: list[Any]) -> st.SearchStrategy[Any]
         if any(isinstance(item, StringConstraints) for item in metadata):
             return NODE_NAMES
         max_size = next((item.max_length for item in metadata if isinstance(item, MaxLen)), 40)
-        return st.text(max_size=max_size)
+        min_size = next((item.min_length for item in metadata if isinstance(item, MinLen)), 0)
+        return st.text(min_size=min_size, max_size=max_size)
     raise NotImplementedError(f"no strategy for {annotation!r}: extend strategy_for in this test")
 
 

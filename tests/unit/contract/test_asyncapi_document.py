@@ -14,8 +14,10 @@ from jsonschema import Draft7Validator, Draft202012Validator, FormatChecker
 from tfcommon import subjects
 from tfcommon.asyncapi import asyncapi_document, contract_files
 from tfcommon.bus import InMemoryEventBus
+from tfcommon.node_allocations import NODE_ALLOCATIONS
 from tfcommon.events import (
     MESSAGE_TYPES,
+    FromNodeCommand,
     Message,
     NodeCommand,
     PodAdmitted,
@@ -100,11 +102,30 @@ def test_every_message_has_a_channel_on_its_subject() -> None:
 
     for subject, message_type in MESSAGE_TYPES.items():
         channel = channels[subject]
-        expected = f"{subject}.{{node}}" if issubclass(message_type, NodeCommand) else subject
+        to_or_from_a_node = issubclass(message_type, NodeCommand | FromNodeCommand)
+        expected = f"{subject}.{{node}}" if to_or_from_a_node else subject
         assert channel["address"] == expected
         assert list(channel["messages"]) == [message_type.__name__]
-        assert ("parameters" in channel) is issubclass(message_type, NodeCommand)
-    assert len(channels) == len(MESSAGE_TYPES)
+        assert ("parameters" in channel) is to_or_from_a_node
+    assert len(channels) == len(MESSAGE_TYPES) + 2  # the node-allocations request and its reply
+
+
+def test_the_node_allocations_request_is_answered_by_the_scheduler_on_the_requesters_inbox() -> None:
+    document = committed_document()
+    request = document["channels"][NODE_ALLOCATIONS]
+    assert request["address"] == f"{NODE_ALLOCATIONS}.{{node}}"
+    assert list(request["messages"]) == ["NodeAllocationsRequest"]
+    assert document["channels"][f"{NODE_ALLOCATIONS}.reply"]["address"] is None
+    senders = {
+        name: operation
+        for name, operation in document["operations"].items()
+        if operation["channel"]["$ref"] == f"#/channels/{NODE_ALLOCATIONS}"
+    }
+    assert {(op["action"], op["tags"][0]["name"]) for op in senders.values()} == {
+        ("send", "node-agent"),
+        ("receive", "scheduler"),
+    }
+    assert all(op["reply"]["channel"]["$ref"].endswith(".reply") for op in senders.values())
 
 
 @pytest.mark.parametrize("message_type", MESSAGE_TYPES.values(), ids=lambda cls: cls.__name__)
