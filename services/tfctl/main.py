@@ -18,6 +18,10 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
     "billing": ("what the pool cost over a period, per group, with savings", ("billing",)),
     "config": ("configuration reference", ("config",)),
     "cordon": ("stop placing new workloads on nodes (what runs there stays)", ("cordon",)),
+    "deadletters": (
+        "messages the services' consumers gave up: list, replay or discard them",
+        ("deadletters",),
+    ),
     "defrag": ("defragmentation: see the plan, start a campaign", ("defrag",)),
     "delete": ("delete workloads; one a controller owns is recreated, on other GPUs", ("delete",)),
     "doctor": (
@@ -29,6 +33,10 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
     "label": ("set or remove node labels (tensor-fusion.ai/do-not-disrupt)", ("label",)),
     "migrate": ("apply the ledger's database migrations (alembic upgrade head)", ("migrate",)),
     "mutate": ("show what the admission webhook does to a manifest, without a cluster", ("mutate",)),
+    "nats": (
+        "per-node NATS credentials: the auth callout, its issuer key, a node's token",
+        ("nats",),
+    ),
     "recommendations": (
         "autoscaling recommendations per workload, beside the current values and the saving",
         ("recommendations",),

@@ -60,13 +60,27 @@ capabilities:
   - ALL
 {{- end -}}
 
-{{/* The environment every service shares: NATS as its own user, the ledger, the token, the config. */}}
+{{/* The environment every service shares: NATS as its own user, the ledger (not the node agent's: it
+     holds no database credential and asks the scheduler over NATS), the token, the config. */}}
 {{- define "tfpool.serviceEnv" -}}
 - name: TF_NATS_URL
   valueFrom:
     secretKeyRef:
       name: {{ include "tfpool.natsSecret" .root }}
       key: url
+{{- if eq .service "node-agent" }}
+{{- /* A node agent is node:<its node> and proves it with its pod's service-account token (the projected
+       volume nats-token, audience tfpool-nats), read again at each reconnection; the auth callout grants
+       that node's subjects only. */}}
+- name: TF_NODE_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: spec.nodeName
+- name: TF_NATS_USER
+  value: node:$(TF_NODE_NAME)
+- name: TF_NATS_PASSWORD_FILE
+  value: /var/run/secrets/tfpool/nats/token
+{{- else }}
 - name: TF_NATS_USER
   value: {{ .service }}
 - name: TF_NATS_PASSWORD
@@ -74,17 +88,20 @@ capabilities:
     secretKeyRef:
       name: {{ include "tfpool.natsSecret" .root }}
       key: {{ .service }}-password
+{{- end }}
 - name: TF_NATS_STREAM_REPLICAS
   value: {{ .root.Values.nats.streamReplicas | quote }}
 {{- if .root.Values.nats.tls.enabled }}
 - name: TF_NATS_TLS_CA_FILE
   value: /etc/tfpool/nats-ca/ca.crt
 {{- end }}
+{{- if ne .service "node-agent" }}
 - name: TF_DATABASE_URL
   valueFrom:
     secretKeyRef:
       name: {{ include "tfpool.databaseSecret" .root }}
       key: app-url
+{{- end }}
 {{- if .root.Values.apiTokenSecret }}
 - name: TF_API_TOKEN
   valueFrom:

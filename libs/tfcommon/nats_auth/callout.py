@@ -13,7 +13,8 @@ Settings (environment):
 - TF_NATS_CALLOUT_ACCOUNT: the account node agents are placed in (default `$G`, NATS's global
   account, where the services' users of `deploy/nats/nats.conf` are);
 - TF_NATS_CALLOUT_SERVICE_ACCOUNTS: on Kubernetes, the node agent's service account(s),
-  `<namespace>:<name>` separated by commas; set, a node agent's projected service-account token is
+  `<namespace>:<name>` (or `<name>` in the callout's own namespace, TF_POD_NAMESPACE) separated by
+  commas; set, a node agent's projected service-account token is
   reviewed by the API server (TokenReview, in-cluster credentials or TF_KUBECONFIG). Unset, only
   node tokens are accepted.
 """
@@ -50,6 +51,7 @@ from tfcommon.nats_auth.node_access import (
     check_token_review,
     node_login,
     node_token,
+    valid_node_name,
 )
 from tfcommon.nats_tls import NatsTlsError, client_context
 from tfcommon.settings import NatsSettings
@@ -89,19 +91,24 @@ class CalloutConfig:
             nats=nats,
             keys=CalloutKeys.from_secret(read_secret(environment.get("TF_NATS_CALLOUT_SECRET_FILE"))),
             account=environment.get("TF_NATS_CALLOUT_ACCOUNT") or DEFAULT_ACCOUNT,
-            service_accounts=parse_service_accounts(environment.get("TF_NATS_CALLOUT_SERVICE_ACCOUNTS", "")),
+            service_accounts=parse_service_accounts(
+                environment.get("TF_NATS_CALLOUT_SERVICE_ACCOUNTS", ""), environment.get("TF_POD_NAMESPACE")
+            ),
         )
 
 
-def parse_service_accounts(text: str) -> frozenset[str]:
-    """`ns:name,ns2:name2` as the usernames the API server gives those service accounts."""
+def parse_service_accounts(text: str, own_namespace: str | None = None) -> frozenset[str]:
+    """`ns:name,name2` as the usernames the API server gives those service accounts; a name without a
+    namespace is in `own_namespace` (the callout's own, TF_POD_NAMESPACE)."""
     accounts = set()
     for entry in filter(None, (part.strip() for part in text.split(","))):
-        namespace, _, name = entry.partition(":")
+        namespace, _, name = entry.rpartition(":")
+        namespace = namespace or own_namespace or ""
         if not namespace or not name:
             raise CalloutConfigError(
-                f"TF_NATS_CALLOUT_SERVICE_ACCOUNTS: {entry!r} is not <namespace>:<service account>, "
-                "e.g. tfpool-system:tfpool-node-agent"
+                f"TF_NATS_CALLOUT_SERVICE_ACCOUNTS: {entry!r} names no namespace; write "
+                "<namespace>:<service account> (e.g. tfpool-system:tfpool-node-agent), or set "
+                "TF_POD_NAMESPACE for names without one"
             )
         accounts.add(f"system:serviceaccount:{namespace}:{name}")
     return frozenset(accounts)
@@ -228,39 +235,22 @@ async def serve(config: CalloutConfig, stop: asyncio.Event, review: TokenReviewe
         await client.drain()
 
 
-def _secret_keys(path: str | None) -> CalloutKeys:
+def secret_keys(path: str | None) -> CalloutKeys:
+    """The callout's keys from the secret file at `path` (default TF_NATS_CALLOUT_SECRET_FILE)."""
     return CalloutKeys.from_secret(read_secret(path or os.environ.get("TF_NATS_CALLOUT_SECRET_FILE")))
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """`serve` (the default) until SIGTERM/SIGINT; `issuer` and `node-token NODE` print what the
-    NATS configuration and a plain server need. Returns 2 on a configuration error."""
-    parser = argparse.ArgumentParser(prog="python -m tfcommon.nats_auth", description=__doc__.splitlines()[0])
-    commands = parser.add_subparsers(dest="command")
-    commands.add_parser("serve", help="answer the NATS server's authorization requests (the default)")
-    issuer = commands.add_parser("issuer", help="print the account public key for auth_callout.issuer")
-    issuer.add_argument("--secret-file", help="the callout secret (default TF_NATS_CALLOUT_SECRET_FILE)")
-    token = commands.add_parser(
-        "node-token", help="print the NATS password of NODE's agent on a plain server"
-    )
-    token.add_argument("node")
-    token.add_argument("--secret-file", help="the callout secret (default TF_NATS_CALLOUT_SECRET_FILE)")
-    args = parser.parse_args(argv)
+def run() -> int:
+    """Answer authorization requests until SIGTERM/SIGINT; 2 on a configuration error."""
     configure_logging("nats-auth", os.environ.get("TF_LOG_LEVEL", "INFO"))
     try:
-        if args.command == "issuer":
-            sys.stdout.write(_secret_keys(args.secret_file).issuer.public_key + "\n")
-            return 0
-        if args.command == "node-token":
-            sys.stdout.write(node_token(_secret_keys(args.secret_file).node_token_key, args.node) + "\n")
-            return 0
         config = CalloutConfig.from_environment(os.environ)
         client_context(config.nats)
-    except (CalloutConfigError, NatsTlsError) as error:
+    except (CalloutConfigError, NatsTlsError, ValueError) as error:
         sys.stderr.write(f"tfpool nats-auth: {error}\n")
         return 2
 
-    async def run() -> None:
+    async def answer_until_stopped() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -268,7 +258,52 @@ def main(argv: Sequence[str] | None = None) -> int:
         review = kubernetes_token_reviewer() if config.service_accounts else None
         await serve(config, stop, review)
 
-    asyncio.run(run())
+    asyncio.run(answer_until_stopped())
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`serve` (the default), `issuer [--secret-file F] [--output F]`, `node-token NODE [--secret-file F]`:
+    what `tfctl nats callout|issuer|node-token` run."""
+    parser = argparse.ArgumentParser(prog="python -m tfcommon.nats_auth", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command")
+    commands.add_parser("serve", help="answer the NATS server's authorization requests (the default)")
+    add_key_commands(commands)
+    args = parser.parse_args(argv)
+    if args.command in (None, "serve"):
+        return run()
+    return run_key_command(args)
+
+
+def add_key_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """The `issuer` and `node-token` subcommands, shared with `tfctl nats`."""
+    issuer = commands.add_parser("issuer", help="print the account public key for NATS's auth_callout.issuer")
+    issuer.add_argument("--secret-file", help="the callout secret (default TF_NATS_CALLOUT_SECRET_FILE)")
+    issuer.add_argument("--output", help="write it to this file instead (an init container beside NATS)")
+    token = commands.add_parser(
+        "node-token", help="print the NATS password of NODE's agent on a plain server"
+    )
+    token.add_argument("node", help="the node's name, as its agent's TF_NODE_NAME")
+    token.add_argument("--secret-file", help="the callout secret (default TF_NATS_CALLOUT_SECRET_FILE)")
+
+
+def run_key_command(args: argparse.Namespace) -> int:
+    """Print (or write) what `args` asks for; 2 with the reason when the secret is missing or short."""
+    try:
+        keys = secret_keys(args.secret_file)
+    except CalloutConfigError as error:
+        sys.stderr.write(f"{error}\n")
+        return 2
+    if args.command == "issuer":
+        if args.output:
+            Path(args.output).write_text(keys.issuer.public_key, encoding="utf-8")
+        else:
+            sys.stdout.write(keys.issuer.public_key + "\n")
+        return 0
+    if not valid_node_name(args.node):
+        sys.stderr.write(f"{args.node!r} is not a node name (a lower-case RFC 1123 subdomain)\n")
+        return 2
+    sys.stdout.write(node_token(keys.node_token_key, args.node) + "\n")
     return 0
 
 

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tfcommon import subjects
+from tfcommon import node_allocations, subjects
 from tfcommon.nats_auth import jwt
 from tfcommon.nats_auth.nkeys import KeyPair, KeyType
 
@@ -87,6 +87,7 @@ def node_permissions(node: str) -> dict[str, Any]:
             f"$JS.ACK.{consumer.stream}.{consumer.durable}.>",
         ]
     publish += list(NODE_EVENTS)
+    publish += [node_allocations.node_allocations_subject(node), subjects.release_allocation(node)]
     return {"pub": {"allow": publish}, "sub": {"allow": [f"{node_inbox_prefix(node)}.>"]}}
 
 

@@ -36,7 +36,7 @@ EXTERNAL = [
     "--set",
     "nats.passwords.webhook=w,nats.passwords.scheduler=s,nats.passwords.defrag-planner=d",
     "--set",
-    "nats.passwords.node-agent=n,nats.passwords.metrics=m",
+    "nats.passwords.nats-auth=n,nats.passwords.metrics=m",
     "--set",
     "postgres.bundled=false",
     "--set",

@@ -2,6 +2,8 @@
 
 Who publishes what comes from `tfcommon.events` (`producers`), which durable consumers each service
 runs from `tfcommon.subjects`; a new event or consumer that the NATS users do not allow fails here.
+The node agent connects as `node:<node>` with its node token and is granted by the real auth callout
+(`python -m tfcommon.nats_auth`); `OTHER_NODE` is a second node whose subjects the first may not touch.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ pytestmark = pytest.mark.integration
 
 SERVICES = ("webhook", "scheduler", "defrag-planner", "node-agent", "metrics", "tfctl")
 NODE = "gpu-node-1"
+OTHER_NODE = "gpu-node-2.example"
 DEADLINE_S = 5.0
 
 
@@ -52,13 +55,23 @@ class Violations:
         return False
 
 
+def credentials(server: SecuredNats, service: str) -> tuple[str, str]:
+    """The NATS user and password `service` connects with: a node agent's are its node's own."""
+    if service == "node-agent":
+        return f"node:{NODE}", server.node_password(NODE)
+    if service == "other-node-agent":
+        return f"node:{OTHER_NODE}", server.node_password(OTHER_NODE)
+    return service, server.passwords[service]
+
+
 @asynccontextmanager
-async def connected(server: SecuredNats, user: str) -> AsyncIterator[tuple[Client, Violations]]:
+async def connected(server: SecuredNats, service: str) -> AsyncIterator[tuple[Client, Violations]]:
     violations = Violations()
+    user, password = credentials(server, service)
     client = await nats.connect(
         server.url,
         user=user,
-        password=server.passwords[user],
+        password=password,
         error_cb=violations.record,
         inbox_prefix=inbox_prefix_for(user),
         allow_reconnect=False,
@@ -327,6 +340,79 @@ def test_each_durable_is_provisioned_by_exactly_one_service() -> None:
         f"node-agent-run-commands-{NODE}",
         f"node-agent-track-allocations-{NODE}",
     }
+
+
+async def test_a_node_agent_cannot_touch_another_nodes_consumers_or_inbox(provisioned: SecuredNats) -> None:
+    other_nodes = [factory(OTHER_NODE) for factory in subjects.PER_NODE_CONSUMERS]
+    async with connected(provisioned, "other-node-agent") as (client, violations):
+        await subjects.provision(client.jetstream(timeout=5), consumers=other_nodes)
+        assert violations.messages == []
+    async with connected(provisioned, "node-agent") as (client, violations):
+        for spec in other_nodes:
+            for subject in (create_subject(spec), *durable_subjects(spec)):
+                await client.publish(subject, b"", reply=client.new_inbox())
+        other_inbox = f"{inbox_prefix_for(f'node:{OTHER_NODE}')}.>"
+        await client.subscribe(other_inbox)
+        await client.flush()
+        for spec in other_nodes:
+            for subject in (create_subject(spec), *durable_subjects(spec)):
+                assert await violations.wait_for(f'publish to "{subject}"'), subject
+        assert await violations.wait_for(f'subscription to "{other_inbox}"')
+
+
+async def test_a_node_agent_cannot_read_another_nodes_commands(provisioned: SecuredNats) -> None:
+    """A command may carry a worker's environment: only its node's agent may receive it."""
+    commands = subjects.node_agent_run_commands(OTHER_NODE)
+    command_subject = f"{events.StartWorker.subject}.{OTHER_NODE}"
+    async with connected(provisioned, "other-node-agent") as (client, _):
+        await subjects.provision(client.jetstream(timeout=5), consumers=(commands,))
+    async with connected(provisioned, "tfctl") as (client, _):
+        await client.jetstream(timeout=5).publish(command_subject, b'{"secret": "for node 2"}')
+    async with connected(provisioned, "node-agent") as (client, violations):
+        subscription = await client.jetstream(timeout=1).pull_subscribe_bind(
+            durable=commands.durable, stream=commands.stream
+        )
+        with pytest.raises((nats.errors.TimeoutError, JetStreamError)):
+            await subscription.fetch(1, timeout=1)
+        await client.subscribe(command_subject)
+        assert await violations.wait_for(f'subscription to "{command_subject}"')
+    async with connected(provisioned, "other-node-agent") as (client, violations):
+        subscription = await client.jetstream(timeout=5).pull_subscribe_bind(
+            durable=commands.durable, stream=commands.stream
+        )
+        (message,) = await subscription.fetch(1, timeout=DEADLINE_S)
+        assert message.data == b'{"secret": "for node 2"}'
+        await message.ack_sync(timeout=5)
+        assert violations.messages == []
+
+
+@pytest.mark.parametrize(
+    ("user", "password_of"),
+    [
+        (f"node:{NODE}", OTHER_NODE),
+        (f"node:{NODE}", None),
+        (f"node:{NODE.upper()}", NODE),
+        ("node-agent", NODE),
+        ("scheduler", NODE),
+    ],
+    ids=[
+        "another-nodes-token",
+        "a-made-up-token",
+        "not-a-node-name",
+        "the-old-shared-user",
+        "a-service-user",
+    ],
+)
+async def test_the_callout_refuses_a_connection_that_is_not_its_nodes(
+    provisioned: SecuredNats, user: str, password_of: str | None
+) -> None:
+    password = "tfn1.made-up" if password_of is None else provisioned.node_password(password_of)
+    with pytest.raises(nats.errors.Error, match="Authorization Violation"):
+        await nats.connect(
+            provisioned.url, user=user, password=password, allow_reconnect=False, connect_timeout=5
+        )
+    log = provisioned.callout_log.read_text(encoding="utf-8")
+    assert password not in log, "the callout logged a password"
 
 
 async def test_a_node_agent_asks_for_its_allocations_and_the_scheduler_answers(

@@ -94,9 +94,14 @@ def test_every_published_port_listens_on_the_loopback_address_only(name: str) ->
 
 
 def secret_values(service: dict[str, Any]) -> dict[str, str]:
-    """Each secret a service is given: its PASSWORD / TOKEN variables, and the password in a database URL."""
+    """Each secret a service is given: its PASSWORD / TOKEN / SECRET variables (a `_FILE` names where one
+    is, not the secret), and the password in a database URL."""
     env = environment(service)
-    secrets = {key: str(value) for key, value in env.items() if re.search("PASSWORD|TOKEN", key)}
+    secrets = {
+        key: str(value)
+        for key, value in env.items()
+        if re.search("PASSWORD|TOKEN|SECRET", key) and not key.endswith("_FILE")
+    }
     for key, value in environment(service).items():
         if key.endswith("DATABASE_URL"):
             password = re.fullmatch(r"[\w+]+://[^:/@]+:(.*)@[^@]+", str(value))
@@ -156,7 +161,7 @@ def test_settings_walk_knows_nested_and_service_specific_variables() -> None:
     assert "TF_FAKE_GPUS" not in settings_env_names(SERVICE_SETTINGS["scheduler"])
 
 
-@pytest.mark.parametrize("name", sorted(SERVICE_SETTINGS))
+@pytest.mark.parametrize("name", sorted(set(SERVICE_SETTINGS) - {"node-agent"}))
 def test_service_waits_for_healthy_infrastructure_and_a_finished_migration(name: str) -> None:
     service = compose()["services"][name]
     assert service["depends_on"] == {
@@ -173,8 +178,15 @@ def test_migrate_runs_once_as_the_schema_owner_after_postgres_is_healthy() -> No
     assert migrate["restart"] == "no"
     assert migrate["depends_on"] == {"postgres": {"condition": "service_healthy"}}
     assert "tfpool_migrate:" in environment(migrate)["TF_DATABASE_URL"]
-    for name in SERVICE_SETTINGS:
+    for name in set(SERVICE_SETTINGS) - {"node-agent"}:
         assert "tfpool_app:" in environment(services[name])["TF_DATABASE_URL"], name
+
+
+def test_the_node_agent_holds_no_database_credential_and_waits_for_nats_only() -> None:
+    agent = compose()["services"]["node-agent"]
+    assert not any("DATABASE" in key for key in environment(agent))
+    assert agent["depends_on"] == {"nats": {"condition": "service_healthy"}}
+    assert agent["healthcheck"]["test"][0] == "CMD"
 
 
 def test_nats_runs_jetstream_from_the_shared_config_with_a_volume_and_health_check() -> None:
@@ -207,9 +219,35 @@ def test_every_bind_mounted_file_exists() -> None:
 def test_every_nats_password_the_config_reads_is_given_to_the_nats_container() -> None:
     read_by_config = set(re.findall(r"password:\s*\$(\w+)", NATS_CONFIG.read_text()))
     assert read_by_config == set(environment(compose()["services"]["nats"]))
+    assert "NATS_CALLOUT_ISSUER" in " ".join(compose()["services"]["nats"]["entrypoint"]), (
+        "from nats-credentials"
+    )
 
 
-@pytest.mark.parametrize("name", sorted(SERVICE_SETTINGS))
+def test_the_node_agent_logs_in_as_its_node_with_its_own_token_and_no_shared_password() -> None:
+    services = compose()["services"]
+    agent = environment(services["node-agent"])
+    assert agent["TF_NATS_USER"] == f"node:{agent['TF_NODE_NAME']}"
+    assert "TF_NATS_PASSWORD" not in agent
+    token_volume = next(
+        v["source"]
+        for v in services["node-agent"]["volumes"]
+        if isinstance(v, dict) and v.get("target") == "/run/node-token"
+    )
+    assert agent["TF_NATS_PASSWORD_FILE"].startswith("/run/node-token/")
+    credentials = services["nats-credentials"]
+    assert f"node-token {agent['TF_NODE_NAME']}" in " ".join(credentials["command"])
+    assert any(v["source"] == token_volume for v in credentials["volumes"])
+    callout = environment(services["nats-auth"])
+    assert callout["TF_NATS_USER"] == "nats-auth"
+    assert callout["TF_NATS_PASSWORD"] == environment(services["nats"])["NATS_NATS_AUTH_PASSWORD"]
+    secret_users = [
+        name for name, service in services.items() if "NATS_CALLOUT_SECRET" in environment(service)
+    ]
+    assert sorted(secret_users) == ["nats-auth", "nats-credentials"], "the callout secret reaches no service"
+
+
+@pytest.mark.parametrize("name", sorted(set(SERVICE_SETTINGS) - {"node-agent"}))
 def test_service_logs_in_to_nats_as_its_own_user_with_the_password_nats_expects(name: str) -> None:
     services = compose()["services"]
     env = environment(services[name])

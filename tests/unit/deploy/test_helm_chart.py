@@ -37,7 +37,7 @@ EXTERNAL = {
     "nats.url": "nats://nats.example:4222",
     **{
         f"nats.passwords.{user}": f"{user}-secret"
-        for user in ("webhook", "scheduler", "defrag-planner", "node-agent", "metrics")
+        for user in ("webhook", "scheduler", "defrag-planner", "metrics", "nats-auth")
     },
     "postgres.bundled": "false",
     "postgres.appUrl": "postgresql+psycopg://tfpool_app:a@db.example:5432/tfpool",
@@ -158,7 +158,10 @@ def test_crds_are_the_kustomize_base_crds() -> None:
 
 
 def test_rbac_rules_are_exactly_the_kustomize_base_rules() -> None:
+    """The NATS auth callout's role comes with NATS: k8s/evaluation in kustomize, the chart here."""
     base = render_kustomization(REPO_ROOT / "k8s" / "base")
+    evaluation = render_kustomization(REPO_ROOT / "k8s" / "evaluation")
+    base += [obj for obj in evaluation if obj["metadata"]["name"] == "tfpool-nats-auth"]
     chart = template()
     for kind in ("ClusterRole", "Role"):
         expected = {
@@ -318,8 +321,12 @@ def test_with_the_bundled_postgres_the_migration_runs_after_install() -> None:
 
 
 def test_every_service_waits_for_the_schema_instead_of_crash_looping() -> None:
+    """But the node agent: it uses no database (it asks the scheduler), so it has nothing to wait for."""
     for name, spec in pod_specs(template()).items():
-        if "tfpool" not in spec["containers"][0]["image"] or name.startswith("Job/"):
+        if name == "DaemonSet/tfpool-node-agent":
+            assert "initContainers" not in spec, name
+            continue
+        if "tfpool" not in spec["containers"][0]["image"] or name.startswith("Job/") or "nats-auth" in name:
             continue
         (wait,) = spec["initContainers"]
         assert wait["args"][:2] == ["migrate", "--wait"], name
@@ -338,7 +345,9 @@ def test_bundled_infrastructure_runs_the_shared_files_with_generated_passwords()
         for key, value in one(objects, "Secret", "tfpool-nats", NAMESPACE)["data"].items()
     }
     assert nats["url"] == f"nats://tfpool-nats.{NAMESPACE}.svc:4222"
-    assert all(len(nats[f"{user}-password"]) == 32 for user in (*SERVICES, "node-agent", "tfctl", "readonly"))
+    assert all(len(nats[f"{user}-password"]) == 32 for user in (*SERVICES, "nats-auth", "tfctl", "readonly"))
+    assert len(nats["callout-secret"]) == 48
+    assert not any("node-agent" in key for key in nats), "node agents have no shared NATS password"
     database = {
         key: base64.b64decode(value).decode()
         for key, value in one(objects, "Secret", "tfpool-database", NAMESPACE)["data"].items()
@@ -368,7 +377,7 @@ def test_bundled_nats_is_a_three_server_cluster_fsyncing_every_write() -> None:
     assert one(objects, "PodDisruptionBudget", "tfpool-nats")["spec"]["maxUnavailable"] == 1
     for name, spec in pod_specs(objects).items():
         env = {item["name"]: item.get("value") for item in spec["containers"][0].get("env", [])}
-        if "TF_NATS_URL" in env:
+        if "TF_NATS_URL" in env and env.get("TF_NATS_USER") != "nats-auth":
             assert env["TF_NATS_STREAM_REPLICAS"] == "3", name
 
 
@@ -386,8 +395,19 @@ def test_one_bundled_nats_server_runs_unclustered_with_one_replica_streams() -> 
 def test_agent_namespace_holds_only_the_agents_own_credentials() -> None:
     objects = template()
     nats = one(objects, "Secret", "tfpool-nats", AGENT_NAMESPACE)
-    assert set(nats["data"]) == {"url", "node-agent-password"}
-    assert set(one(objects, "Secret", "tfpool-database", AGENT_NAMESPACE)["data"]) == {"app-url"}
+    assert set(nats["data"]) == {"url"}, (
+        "an agent proves its node with its own pod's token, no shared password"
+    )
+    in_agent_namespace = {
+        obj["metadata"]["name"]
+        for obj in objects
+        if obj["kind"] == "Secret" and obj["metadata"].get("namespace") == AGENT_NAMESPACE
+    }
+    assert "tfpool-database" not in in_agent_namespace, "the node agent holds no database credential"
+    agent = one(objects, "DaemonSet", "tfpool-node-agent", AGENT_NAMESPACE)["spec"]["template"]["spec"]
+    for container in (*agent["containers"], *agent.get("initContainers", [])):
+        names = {item["name"] for item in container.get("env", [])}
+        assert not any("DATABASE" in name for name in names), container["name"]
 
 
 def test_configuration_is_valid_and_automatic_migration_follows_its_switch() -> None:

@@ -273,15 +273,39 @@ def test_container_is_unprivileged_and_reads_secrets_from_kubernetes_secrets(nam
     assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     assert not container["securityContext"].get("privileged", False)
     env = {item["name"]: item for item in container["env"]}
-    for secret in ("TF_NATS_PASSWORD", "TF_DATABASE_URL", "TF_API_TOKEN"):
+    secrets = (
+        ("TF_API_TOKEN",) if name == "node-agent" else ("TF_NATS_PASSWORD", "TF_DATABASE_URL", "TF_API_TOKEN")
+    )
+    for secret in secrets:
         assert "value" not in env[secret]
         assert env[secret]["valueFrom"]["secretKeyRef"]["name"] in (
             "tfpool-nats",
             "tfpool-database",
             "tfpool-api-token",
         )
-    assert env["TF_DATABASE_URL"]["valueFrom"]["secretKeyRef"]["key"] == "app-url"
-    assert env["TF_NATS_USER"]["value"] == name
+    if name == "node-agent":
+        assert not any("DATABASE" in variable for variable in env), (
+            "the node agent holds no database credential"
+        )
+    else:
+        assert env["TF_DATABASE_URL"]["valueFrom"]["secretKeyRef"]["key"] == "app-url"
+    if name == "node-agent":
+        assert env["TF_NATS_USER"]["value"] == "node:$(TF_NODE_NAME)"
+        assert "TF_NATS_PASSWORD" not in env, "no NATS password shared by every node"
+        token = next(volume for volume in pod["volumes"] if volume["name"] == "nats-token")
+        (source,) = token["projected"]["sources"]
+        assert source["serviceAccountToken"]["audience"] == "tfpool-nats"
+        mount = next(m for m in container["volumeMounts"] if m["name"] == "nats-token")
+        assert (
+            env["TF_NATS_PASSWORD_FILE"]["value"]
+            == f"{mount['mountPath']}/{source['serviceAccountToken']['path']}"
+        )
+        names = [item["name"] for item in container["env"]]
+        assert names.index("TF_NODE_NAME") < names.index("TF_NATS_USER"), (
+            "$(TF_NODE_NAME) expands only once defined"
+        )
+    else:
+        assert env["TF_NATS_USER"]["value"] == name
 
 
 def test_migrate_job_runs_tfctl_migrate_as_the_schema_owner() -> None:
@@ -419,10 +443,17 @@ def test_evaluation_runs_nats_and_postgres_from_the_shared_files() -> None:
     }
     conf = (REPO_ROOT / "deploy/nats/nats.conf").read_text()
     assert {name for name in nats_env if f"${name}" in conf} == nats_env
+    assert "$NATS_CALLOUT_ISSUER" in conf, "set from the init container's file by the container's command"
     secrets = objects_of_kind(objects, "Secret")
     nats_secret = next(secret for name, secret in secrets.items() if name.startswith("tfpool-nats-"))
-    for service in SERVICE_SETTINGS:
+    for service in (*(s for s in SERVICE_SETTINGS if s != "node-agent"), "nats-auth"):
         assert f"{service}-password" in nats_secret["data"], service
+    assert "node-agent-password" not in nats_secret["data"]
+    assert "callout-secret" in nats_secret["data"]
+    callout = objects_of_kind(objects, "Deployment")["tfpool-nats-auth"]["spec"]["template"]["spec"]
+    assert callout["containers"][0]["args"] == ["nats", "callout"]
+    (issuer,) = sets["tfpool-nats"]["spec"]["template"]["spec"]["initContainers"]
+    assert issuer["args"][:2] == ["nats", "issuer"]
 
 
 def test_gpunode_takes_the_do_not_disrupt_label_with_kubectl() -> None:

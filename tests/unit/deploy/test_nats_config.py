@@ -7,8 +7,10 @@ import re
 import subprocess
 
 from deploy_support import REPO_ROOT, VENV_BIN
+from tfcommon.nats_auth.node_access import CalloutKeys
 
 NATS_CONFIG = REPO_ROOT / "deploy" / "nats" / "nats.conf"
+ISSUER = CalloutKeys.from_secret(b"x" * 48).issuer.public_key
 
 
 def password_variables() -> list[str]:
@@ -22,7 +24,7 @@ def check_config(environment: dict[str, str]) -> subprocess.CompletedProcess[str
         text=True,
         timeout=30,
         check=False,
-        env={"PATH": os.environ.get("PATH", ""), **environment},
+        env={"PATH": os.environ.get("PATH", ""), "NATS_CALLOUT_ISSUER": ISSUER, **environment},
     )
 
 
@@ -39,13 +41,18 @@ def test_every_user_has_a_password_from_the_environment_and_none_is_written_down
         "webhook",
         "scheduler",
         "defrag-planner",
-        "node-agent",
         "metrics",
+        "nats-auth",
         "tfctl",
         "readonly",
     }
     assert len(password_variables()) == len(users)
     assert re.findall(r"password:\s*[^$\s]", text) == []
+    callout = re.search(r"auth_callout\s*\{(.*?)\}", text, re.DOTALL)
+    assert callout is not None, "node agents are decided by the auth callout"
+    assert set(
+        re.findall(r"auth_users:\s*\[(.*?)\]", callout.group(1))[0].replace(" ", "").split(",")
+    ) == set(users)
 
 
 def test_nats_server_refuses_to_start_without_a_password() -> None:

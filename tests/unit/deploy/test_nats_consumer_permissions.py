@@ -1,5 +1,7 @@
 """deploy/nats/nats.conf agrees with the code: each user fetches from and acknowledges only its own durable
-consumers (`tfcommon.subjects`) and receives replies only on its own inbox (`tfcommon.bus`).
+consumers (`tfcommon.subjects`) and receives replies only on its own inbox (`tfcommon.bus`). A node agent
+has no user in the file: the auth callout's grant (`tfcommon.nats_auth.node_access.node_permissions`)
+names its own node's durables and inbox only.
 
 The real server's behaviour is checked in tests/integration/deploy/test_nats_permissions.py; this reads
 the file, so a consumer added to `subjects.CONSUMERS` without its permission line fails in seconds.
@@ -14,11 +16,12 @@ import pytest
 from deploy_support import REPO_ROOT
 from tfcommon import subjects
 from tfcommon.bus import inbox_prefix_for
+from tfcommon.nats_auth.node_access import node_permissions, node_user
 
 NATS_CONFIG = REPO_ROOT / "deploy" / "nats" / "nats.conf"
 FETCH_AND_ACK = ("$JS.API.CONSUMER.MSG.NEXT.", "$JS.ACK.")
 PER_NODE_SERVICE = "node-agent"
-USERS = ("webhook", "scheduler", "defrag-planner", "node-agent", "metrics", "tfctl", "readonly")
+USERS = ("webhook", "scheduler", "defrag-planner", "metrics", "nats-auth", "tfctl", "readonly")
 
 _TOKEN = re.compile(
     r'\s+|#[^\n]*|//[^\n]*|"(?P<quoted>[^"]*)"|(?P<punct>[{}\[\],:=])|(?P<bare>[^\s{}\[\],:=#"]+)'
@@ -112,23 +115,21 @@ def test_user_may_fetch_and_acknowledge_exactly_its_own_durables(user: str) -> N
     assert "deny" not in publish
 
 
-def test_node_agent_may_use_its_per_node_durables_and_none_of_the_other_services() -> None:
-    publish = users()[PER_NODE_SERVICE]["publish"]
-    streams = {factory("any-node").stream for factory in subjects.PER_NODE_CONSUMERS}
-    others = [spec for spec in subjects.CONSUMERS if spec.service != PER_NODE_SERVICE]
+def test_node_agent_may_use_its_own_nodes_durables_and_no_other() -> None:
+    granted = node_permissions("gpu-1.example")["pub"]["allow"]
+    own = [factory("gpu-1.example") for factory in subjects.PER_NODE_CONSUMERS]
 
-    assert durable_permissions(publish["allow"]) == {
-        subject
-        for stream in streams
-        for subject in (f"$JS.API.CONSUMER.MSG.NEXT.{stream}.*", f"$JS.ACK.{stream}.*.>")
-    }
-    assert durable_permissions(publish["deny"]) == set().union(*map(fetch_and_ack, others))
+    assert durable_permissions(granted) == set().union(*map(fetch_and_ack, own))
+    assert node_permissions("gpu-1.example")["sub"]["allow"] == [
+        f"{inbox_prefix_for(node_user('gpu-1.example'))}.>"
+    ]
+    assert PER_NODE_SERVICE not in users(), "no NATS user shared by every node agent"
 
 
 def test_fixed_durables_are_named_after_their_service() -> None:
     for spec in subjects.CONSUMERS:
         assert spec.durable.startswith(f"{spec.service}-"), spec.durable
-        assert spec.service in USERS, spec.durable
+        assert spec.service in USERS or spec.service == PER_NODE_SERVICE, spec.durable
 
 
 @pytest.mark.parametrize("user", USERS)
