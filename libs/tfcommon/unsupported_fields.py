@@ -37,6 +37,10 @@ SUPPORTED: Mapping[CustomResource, frozenset[str]] = {
             "spec.capacityConfig.minResources.vram",
             "spec.capacityConfig.warmResources.tflops",  # defrag planner: compaction keeps warm capacity
             "spec.capacityConfig.warmResources.vram",
+            "spec.capacityConfig.maxResources.tflops",  # scheduler: the pool's reservations stay below
+            "spec.capacityConfig.maxResources.vram",
+            "spec.capacityConfig.oversubscription",  # scheduler, defrag planner: limits to virtual capacity
+            "spec.nodeManagerConfig.nodeSelector",  # scheduler, defrag planner: which nodes are in the pool
             "spec.placement.mode",  # scheduler: placement policy (tfpool addition)
         }
     ),

@@ -18,6 +18,7 @@ from tfcommon.cluster.kubernetes import KubernetesCluster
 from tfcommon.cluster.scheduler_api import SchedulerApiCluster
 from tfcommon.config import ConfigSource
 from tfcommon.consumer import run_pull_consumer
+from tfcommon.pool_capacity import capacity_of
 from tfcommon.pool_source import wire_gpu_pools
 from tfcommon.runtime import Components, ServiceContext, ServiceSpec, run_service
 from tfcommon.settings import DefragSettings
@@ -68,6 +69,7 @@ def make_compose(
             cluster=cluster if isinstance(cluster, KubernetesCluster) else None,
             on_close=context.cleanup.callback,
         )
+        deps.pool_capacity = lambda pool: capacity_of(pools.current(), pool)
         service = DefragService(deps=deps, config=pools)
 
         async def start_campaigns() -> None:

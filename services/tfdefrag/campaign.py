@@ -38,6 +38,7 @@ from tfcommon.events import (
 from tfcommon.ledger.records import HoldFor, ReservationRequest, Reserved, ShareRequest
 from tfcommon.ledger.sql import SqlLedger
 from tfcommon.placement import Profile
+from tfcommon.pool_capacity import NO_BOUNDS, PoolCapacity
 
 from tfdefrag.core import markers
 from tfdefrag.core.config import DefragConfig
@@ -74,6 +75,9 @@ class CampaignDeps:
     clock: Callable[[], datetime]
     settings: ExecutorSettings = field(default_factory=ExecutorSettings)
     profile: Profile | None = None
+    pool_capacity: Callable[[str], PoolCapacity] = lambda pool: NO_BOUNDS
+    """A pool's nodeSelector and oversubscription now (`tfcommon.pool_capacity`): the nodes it is read
+    with and the virtual capacity moves respect."""
 
 
 @dataclass(frozen=True)
@@ -190,6 +194,7 @@ class CampaignExecutor:
             pool,
             native_gpu_resources=self.deps.settings.native_gpu_resources,
             own_source=own_source,
+            capacity=self.deps.pool_capacity(pool),
         )
 
     def _past(self, deadline: datetime | None) -> bool:

@@ -14,6 +14,7 @@ from typing import Any
 
 from tfcommon.config import ConfigProvider, TfConfig
 from tfcommon.events import Message, StartDefragCampaign
+from tfcommon.pool_capacity import capacity_of, capacity_problems
 
 from tfdefrag.campaign import CampaignDeps, CampaignExecutor, Trigger
 from tfdefrag.core import markers
@@ -43,12 +44,14 @@ def pool_compaction(config: TfConfig, pool: str) -> CompactionConfig:
 
 def pool_spec_problems(pool: str, spec: Mapping[str, Any]) -> list[str]:
     """What is wrong in the sections of a GPUPool spec the planner reads (`nodeCompaction`,
-    `capacityConfig`): the check `tfcommon.pool_source` runs before a cluster pool's spec takes effect."""
+    `capacityConfig`, `nodeSelector`): the check `tfcommon.pool_source` runs before a cluster pool's
+    spec takes effect."""
     manager = spec.get("nodeManagerConfig")
     compaction = manager.get("nodeCompaction") if isinstance(manager, Mapping) else None
     return [
         *parse_node_compaction(pool, compaction).problems,
         *parse_capacity(pool, spec.get("capacityConfig"))[2],
+        *capacity_problems(pool, spec),
     ]
 
 
@@ -77,11 +80,14 @@ class DefragService:
             self.deps.cluster,
             pool,
             native_gpu_resources=self.deps.settings.native_gpu_resources,
+            capacity=capacity_of(self.config.current(), pool),
         )
         now = self.deps.clock()
         plan = plan_defrag(loaded.snapshot, compaction.defrag, now, profile=self.deps.profile)
         minimum, warm, capacity_problems = self._capacity(pool)
-        emptied = plan_compaction(loaded.snapshot.nodes, now, minimum=minimum, warm=warm)
+        emptied = plan_compaction(
+            loaded.snapshot.nodes, now, minimum=minimum, warm=warm, maximum=self._maximum(pool)
+        )
         running = await self.deps.store.running_campaign(pool)
         return {
             **plan.as_dict(),
@@ -100,6 +106,10 @@ class DefragService:
         entry = self.config.current().pool(pool)
         extra = (entry.spec_template.model_extra or {}) if entry else {}
         return parse_capacity(pool, extra.get("capacityConfig"))
+
+    def _maximum(self, pool: str) -> tuple[int | None, int | None]:
+        capacity = capacity_of(self.config.current(), pool)
+        return capacity.max_tflops_milli, capacity.max_vram_bytes
 
     def start(
         self,
@@ -192,9 +202,13 @@ class DefragService:
 
     async def compact(self, pool: str) -> list[str]:
         """Label the pool's removable empty nodes `should-delete=true`; returns their names."""
-        loaded = await load_pool(self.deps.ledger, self.deps.cluster, pool)
+        loaded = await load_pool(
+            self.deps.ledger, self.deps.cluster, pool, capacity=capacity_of(self.config.current(), pool)
+        )
         minimum, warm, _problems = self._capacity(pool)
-        decision = plan_compaction(loaded.snapshot.nodes, self.deps.clock(), minimum=minimum, warm=warm)
+        decision = plan_compaction(
+            loaded.snapshot.nodes, self.deps.clock(), minimum=minimum, warm=warm, maximum=self._maximum(pool)
+        )
         for node in decision.mark:
             await self.deps.store.set_ledger_node_markers(node, {markers.SHOULD_DELETE: "true"}, {})
             if await self.deps.cluster.get_node(node) is not None:

@@ -16,6 +16,7 @@ from tfcommon.ledger.records import AllocationRecord
 from tfcommon.ledger.sql import SqlLedger
 from tfcommon.placement import Taint
 from tfcommon.placement.from_ledger import placed_request, placement_view
+from tfcommon.pool_capacity import NO_BOUNDS, HostFacts, PoolCapacity, with_virtual_capacity
 
 from tfdefrag.core import markers
 from tfdefrag.core.planner import PoolNode, PoolSnapshot, Worker
@@ -47,17 +48,26 @@ async def load_pool(
     *,
     native_gpu_resources: Sequence[str] = DEFAULT_NATIVE_GPU_RESOURCES,
     own_source: str | None = None,
+    capacity: PoolCapacity = NO_BOUNDS,
 ) -> LoadedPool:
     """The pool as the planner sees it now. `own_source` is the node this campaign is draining: its
-    `defrag-source` marker is ours, so it is not reported as "being drained" by someone else."""
+    `defrag-source` marker is ours, so it is not reported as "being drained" by someone else.
+    `capacity` is the pool's: a node whose labels miss its nodeSelector is not in the pool (left out),
+    and with an oversubscription each node gets its virtual capacity, so no move overshoots it."""
+    cluster_nodes = {node.name: node for node in await cluster.list_nodes()}
+
+    def in_pool(name: str, labels: Mapping[str, str]) -> bool:
+        kube = cluster_nodes.get(name)
+        return capacity.admits_node(name, {**labels, **(kube.labels if kube else {})})
+
     ledger_nodes = sorted(
-        (node for node in await ledger.list_nodes() if node.pool == pool), key=lambda n: n.name
+        (node for node in await ledger.list_nodes() if node.pool == pool and in_pool(node.name, node.labels)),
+        key=lambda n: n.name,
     )
     names = {node.name for node in ledger_nodes}
     gpus = await ledger.list_gpus()
     allocations = [a for a in await ledger.active_allocations() if a.pool == pool and a.node in names]
     view = placement_view(ledger_nodes, gpus, allocations)
-    cluster_nodes = {node.name: node for node in await cluster.list_nodes()}
     gpu_nodes = {obj.name: obj for obj in await cluster.list_custom_objects(CustomResource.GPU_NODE)}
     pods = {f"{pod.namespace}/{pod.name}": pod for pod in await cluster.list_pods()}
     worker_keys = {f"{a.workload.namespace}/{a.workload.name}" for a in allocations}
@@ -91,6 +101,11 @@ async def load_pool(
             labels={k: v for k, v in labels.items() if not k.startswith(markers.PREFIX + "defrag")},
             taints=ledger_node.taints
             + (tuple(Taint(t.key, t.value, t.effect) for t in kube.taints) if kube else ()),
+        )
+        node = with_virtual_capacity(
+            node,
+            capacity.oversubscription,
+            HostFacts(memory_bytes=node.memory_bytes, disk_bytes=kube.allocatable_disk_bytes if kube else 0),
         )
         gpu_node = gpu_nodes.get(record.name)
         pool_nodes.append(

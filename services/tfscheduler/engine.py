@@ -65,6 +65,16 @@ from tfcommon.placement import (
 )
 from tfcommon.placement.gang import place_gang
 from tfcommon.placement.registry import POLICIES
+from tfcommon.pool_capacity import (
+    NO_BOUNDS,
+    HostFacts,
+    PoolCapacity,
+    capacities_of,
+    capacity_problems,
+    membership_reason,
+    over_maximum,
+    with_virtual_capacity,
+)
 
 from tfscheduler.core.gang import GangCount, gang_reason, timed_out
 from tfscheduler.core.learning import RecentWorkload, same_target
@@ -147,13 +157,19 @@ def placement_mode(config: TfConfig, pool: str) -> str:
 
 
 def placement_problems(pool: str, spec: Mapping[str, Any]) -> list[str]:
-    """A GPUPool spec's `placement.mode` that names no policy (empty: valid): the check
-    `tfcommon.pool_source` runs before a cluster pool's spec takes effect."""
+    """What the scheduler cannot read in a GPUPool spec (empty: valid): a `placement.mode` that names no
+    policy, an unreadable `capacityConfig.maxResources`/`oversubscription` or `nodeSelector`
+    (`tfcommon.pool_capacity`). The check `tfcommon.pool_source` runs before a cluster pool's spec takes
+    effect."""
+    problems = capacity_problems(pool, spec)
     placement = spec.get("placement")
     mode = placement.get("mode") if isinstance(placement, Mapping) else None
     if mode is None or mode in POLICIES:
-        return []
-    return [f"pool {pool}: spec.placement.mode: unknown policy {mode!r}; use one of {', '.join(POLICIES)}"]
+        return problems
+    return [
+        f"pool {pool}: spec.placement.mode: unknown policy {mode!r}; use one of {', '.join(POLICIES)}",
+        *problems,
+    ]
 
 
 class Scheduler:
@@ -173,7 +189,14 @@ class Scheduler:
         self.ledger = ledger
         self.bus = bus
         self.store = WorkloadStore(ledger.engine)
-        self.config = config or TfConfig()
+        self._config = config or TfConfig()
+        self.capacities: dict[str, PoolCapacity] = capacities_of(self._config)
+        """Each pool's maxResources, oversubscription and nodeSelector (pools that set none left out)."""
+        self.hosts: dict[str, HostFacts] | None = None
+        """In Kubernetes mode, each node's labels, memory and disk as the API server has them
+        (`observe_hosts`); None in local mode, where the ledger's node labels and memory are used."""
+        self._ledger_hosts: dict[str, HostFacts] = {}
+        self._resettling: asyncio.Task[None] | None = None
         self.quotas: dict[str, NamespaceQuota] = dict(quotas or {})
         self.heartbeat_timeout = heartbeat_timeout
         self.clock = clock
@@ -197,6 +220,87 @@ class Scheduler:
         self._last_full_refresh = 0.0
         self._queue: list[_Queued] = []
         self._drainer: asyncio.Task[None] | None = None
+
+    # ------------------------------------------------------------------------------ pool bounds
+
+    @property
+    def config(self) -> TfConfig:
+        """The configuration placement reads; setting it (a GPUPool edit in Kubernetes mode) applies a
+        changed maxResources, oversubscription or nodeSelector to the view at once."""
+        return self._config
+
+    @config.setter
+    def config(self, config: TfConfig) -> None:
+        self._config = config
+        capacities = capacities_of(config)
+        if capacities != self.capacities:
+            self.capacities = capacities
+            self._resettle()
+
+    def observe_hosts(self, hosts: Mapping[str, HostFacts]) -> None:
+        """The nodes' labels, memory and disk as the API server has them now (Kubernetes mode): a
+        change that matters to a pool's nodeSelector or virtual capacity applies to the view at once."""
+        known = self.hosts or {}
+        self.hosts = dict(hosts)
+        if self.capacities and any(
+            known.get(name) != facts for name, facts in hosts.items() if name in self.view.nodes
+        ):
+            self._resettle()
+
+    def _resettle(self) -> None:
+        """Rebuild the view with the pools' bounds now in force, then look at the pending work again."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # not started yet: `start()` builds the view with them
+        if self._resettling is None or self._resettling.done():
+            self._resettling = loop.create_task(self._resettle_now(), name=f"{self.name}-pool-bounds")
+
+    async def _resettle_now(self) -> None:
+        async with self._lock:
+            await self._full_refresh()
+        self.capacity_freed.set()
+
+    def _host(self, name: str) -> HostFacts:
+        known = self.hosts.get(name) if self.hosts is not None else None
+        return known if known is not None else self._ledger_hosts.get(name, HostFacts())
+
+    def pool_membership(self, name: str, pool: str) -> str | None:
+        """Why the node is not in its pool (its labels miss the pool's nodeSelector), or None."""
+        capacity = self.capacities.get(pool)
+        if capacity is None or capacity.selector is None:
+            return None
+        return membership_reason(pool, capacity, name, self._host(name).labels)
+
+    def _bounded(self, node: Node) -> Node:
+        """`node` with the virtual capacity of its pool's oversubscription (none without it)."""
+        oversubscription = self.capacities.get(node.pool, NO_BOUNDS).oversubscription
+        return with_virtual_capacity(node, oversubscription, self._host(node.name))
+
+    def _pool_used(self, pool: str) -> tuple[int, int]:
+        """What the pool's allocations reserve now: (milli-TFLOPS, VRAM bytes)."""
+        tflops = vram = 0
+        for active in self.active.values():
+            if active.record.pool == pool:
+                for share in active.record.shares:
+                    tflops += share.tflops_milli
+                    vram += share.vram_bytes
+        return tflops, vram
+
+    def _over_pool_maximum(self, pool: str, placements: Sequence[Placement]) -> str | None:
+        """Why reserving `placements` would take the pool above its maxResources, or None."""
+        capacity = self.capacities.get(pool)
+        if capacity is None or not capacity.capped:
+            return None
+        demand = (
+            sum(sum(p.tflops_milli) for p in placements),
+            sum(sum(p.vram_bytes) for p in placements),
+        )
+        return over_maximum(pool, capacity, self._pool_used(pool), demand)
+
+    def _capped(self, pool: str) -> bool:
+        capacity = self.capacities.get(pool)
+        return capacity is not None and capacity.capped
 
     # ------------------------------------------------------------------------------ state loading
 
@@ -276,6 +380,9 @@ class Scheduler:
             [a.allocation_id for a in allocations if a.allocation_id not in known]
         )
         now = self.clock()
+        self._ledger_hosts = {
+            n.name: HostFacts(labels=n.labels, memory_bytes=n.memory_allocatable_bytes) for n in nodes
+        }
         snapshot = build_snapshot(
             nodes,
             gpus,
@@ -283,8 +390,9 @@ class Scheduler:
             now,
             heartbeat_intervals_ms=self.heartbeat_intervals_ms,
             heartbeat_timeout=self.heartbeat_timeout,
+            membership=self.pool_membership,
         )
-        self.view = ClusterView(snapshot.nodes.values())
+        self.view = ClusterView(self._bounded(node) for node in snapshot.nodes.values())
         self.blocked = dict(snapshot.blocked)
         self.active = {
             a.allocation_id: replace(known[a.allocation_id], record=a)
@@ -317,6 +425,7 @@ class Scheduler:
             self.blocked.pop(name, None)
             return
         node = _node_record(node_row)
+        self._ledger_hosts[name] = HostFacts(labels=node.labels, memory_bytes=node.memory_allocatable_bytes)
         gpus = [_gpu_record(row) for row in gpu_rows]
         allocations = [a.record for a in self.active.values() if a.record.node == name]
         snapshot = build_snapshot(
@@ -326,8 +435,9 @@ class Scheduler:
             self.clock(),
             heartbeat_intervals_ms=self.heartbeat_intervals_ms,
             heartbeat_timeout=self.heartbeat_timeout,
+            membership=self.pool_membership,
         )
-        self.view.upsert(snapshot.nodes[name])
+        self.view.upsert(self._bounded(snapshot.nodes[name]))
         self.blocked.pop(name, None)
         self.blocked.update(snapshot.blocked)
 
@@ -361,9 +471,10 @@ class Scheduler:
         for position, row in enumerate(rows):
             if position and position % RECHECK_SLICE == 0:
                 await asyncio.sleep(0)
-            name, _pool, cordoned, ready, heartbeat_at, draining = row
+            name, pool, cordoned, ready, heartbeat_at, draining = row
             interval_ms = intervals.get(name, 5_000)
-            state = (cordoned, ready, draining, heartbeat_at, interval_ms, timeout)
+            outside = self.pool_membership(name, pool)
+            state = (cordoned, ready, draining, heartbeat_at, interval_ms, timeout, outside)
             known = known_checks.get(name)
             if (
                 known is not None
@@ -374,8 +485,11 @@ class Scheduler:
             ):
                 checks[name] = known  # nothing it reads changed, and its heartbeat is not due
                 continue
-            reason = node_block_reason(
-                _node_state(row), now, heartbeat_interval_ms=interval_ms, heartbeat_timeout=timeout
+            reason = (
+                node_block_reason(
+                    _node_state(row), now, heartbeat_interval_ms=interval_ms, heartbeat_timeout=timeout
+                )
+                or outside
             )
             checks[name] = _NodeCheck(state, reason, self._reason_holds_until(row, interval_ms, now))
             if name not in in_view or reason != blocked.get(name):
@@ -668,6 +782,13 @@ class Scheduler:
                     asked,
                 )
             )
+            return statuses
+        over = self._over_pool_maximum(
+            pending[0].submission.request.pool, [placement for _member, placement in outcome.placements]
+        )
+        if over is not None:
+            reason = f"gang {key}: {over}"
+            statuses.update(await self._gang_wait([member for member, _w in wanted], reason, announce, asked))
             return statuses
         reserved = await self._reserve_gang(key, outcome.placements, requests) if outcome.placements else []
         if not isinstance(reserved, list):
@@ -990,7 +1111,7 @@ class Scheduler:
         None when it may be placed (or needs the full path: a quota, an invalid request)."""
         submission = stored.submission
         workload = submission.workload
-        if workload.namespace in self.quotas:
+        if workload.namespace in self.quotas or self._capped(submission.request.pool):
             return None
         try:
             wanted = placement_request(
@@ -1044,10 +1165,11 @@ class Scheduler:
         return statuses
 
     def _quick_placement(self, stored: StoredWorkload) -> tuple[Placement, GpuRequest] | None:
-        """Where the workload goes in the view when nothing special applies (no quota, it fits)."""
+        """Where the workload goes in the view when nothing special applies (no quota, no pool maximum,
+        it fits)."""
         submission = stored.submission
         workload = submission.workload
-        if workload.namespace in self.quotas:
+        if workload.namespace in self.quotas or self._capped(submission.request.pool):
             return None
         try:
             wanted = placement_request(
@@ -1100,6 +1222,9 @@ class Scheduler:
                 for victim in plan.victims:
                     await self._evict(victim, workload)
                 continue
+            over = self._over_pool_maximum(request.pool, [outcome])
+            if over is not None:
+                return await self._wait(stored, over, None, cause, announce)
             reservation = _reservation(stored.allocation_id, submission, request, outcome, cause)
             if quota is None:
                 result = await self._reserve(reservation)

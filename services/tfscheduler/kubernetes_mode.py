@@ -39,6 +39,7 @@ from tfcommon.ledger.records import ReservationRequest, Reserved, ShareRequest
 from tfcommon.ledger.sql import BatchAbandonedError
 from tfcommon.ledger.takeover import TakeoverLedger, release_takeover
 from tfcommon.placement import PlacementRequestError
+from tfcommon.pool_capacity import HostFacts
 from tfcommon.settings import SchedulerKubernetesSettings
 
 from tfscheduler.core.binding import (
@@ -211,12 +212,25 @@ class KubernetesMode:
     async def sync_cordons(self) -> int:
         """Copy a node's cordon (`spec.unschedulable`) to the ledger when it changes in the cluster (or is
         first seen cordoned), so no new pod lands on a cordoned node; returns how many nodes changed.
+        The nodes' labels, memory and disk go to the engine too (`Scheduler.observe_hosts`: a GPUPool's
+        nodeSelector and virtual capacity read them).
 
         Only changes are copied: a cordon set in the ledger by other means is left alone until the
         node's own flag changes."""
         known = {node.name: node.cordoned for node in await self.scheduler.ledger.list_nodes()}
         changed = 0
-        for node in await self.cluster.list_nodes():
+        listed = await self.cluster.list_nodes()
+        self.scheduler.observe_hosts(
+            {
+                node.name: HostFacts(
+                    labels=dict(node.labels),
+                    memory_bytes=node.allocatable_memory_bytes,
+                    disk_bytes=node.allocatable_disk_bytes,
+                )
+                for node in listed
+            }
+        )
+        for node in listed:
             seen = self._cordons.get(node.name)
             self._cordons[node.name] = node.cordoned
             if node.name not in known or seen == node.cordoned or (seen is None and not node.cordoned):
@@ -592,6 +606,7 @@ def wire_kubernetes(
         opened,
         debounce_s=settings.status_debounce_s,
         poll_interval_s=settings.status_poll_interval_s,
+        in_pool=lambda node, pool: scheduler.pool_membership(node, pool) is None,
     )
     mode = KubernetesMode(
         scheduler,

@@ -151,6 +151,11 @@ def node_from_manifest(manifest: Manifest) -> Node:
         allocatable_memory_bytes=_whole(
             allocatable.get("memory"), scale=1, where=f"node {name}: status.allocatable.memory"
         ),
+        allocatable_disk_bytes=_whole(
+            allocatable.get("ephemeral-storage"),
+            scale=1,
+            where=f"node {name}: status.allocatable.ephemeral-storage",
+        ),
         conditions=tuple(
             NodeCondition(
                 type=str(c.get("type", "")),

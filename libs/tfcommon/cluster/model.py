@@ -146,6 +146,8 @@ class Node:
     conditions: tuple[NodeCondition, ...] = ()
     created_at: datetime | None = None
     deleting_since: datetime | None = None
+    allocatable_disk_bytes: int = 0
+    """`status.allocatable.ephemeral-storage`: the disk an oversubscribed pool counts as virtual VRAM."""
 
     @property
     def ready(self) -> bool:

@@ -103,6 +103,27 @@ class FitsMemory:
         return request.memory_bytes <= node.memory_bytes - node.used_memory_bytes
 
 
+class FitsVirtualCapacity:
+    """On a node with a virtual capacity (an oversubscribed pool), the limits of its workloads and of
+    the request together stay within it. Sized on the node's largest GPU, so never optimistic."""
+
+    name: ClassVar[str] = "FitsVirtualCapacity"
+    reason: ClassVar[str] = "limits over the pool's oversubscription"
+
+    def admits(self, request: PlacementRequest, node: Node) -> bool:
+        if request.gpu_count == 0 or not node.gpus:
+            return True
+        if node.virtual_tflops_milli is not None:
+            most = max(request.limit_tflops_on(gpu) for gpu in node.gpus)
+            if node.limit_tflops_milli + most * request.gpu_count > node.virtual_tflops_milli:
+                return False
+        if node.virtual_vram_bytes is not None:
+            most = max(request.limit_vram_on(gpu) for gpu in node.gpus)
+            if node.limit_vram_bytes + most * request.gpu_count > node.virtual_vram_bytes:
+                return False
+        return True
+
+
 @dataclass(frozen=True)
 class MaxWorkersPerNode:
     """TensorFusion's `maxWorkerPerNode` (default 256)."""

@@ -367,6 +367,7 @@ def _reserve(node: Node, placement: Placement, *, sign: int) -> Node:
         )
     classes = dict(node.workload_classes)
     classes[placement.workload_class] = classes.get(placement.workload_class, 0) + sign
+    limit_tflops, limit_vram = placement.limits
     return replace(
         node,
         gpus=tuple(gpus),
@@ -374,6 +375,8 @@ def _reserve(node: Node, placement: Placement, *, sign: int) -> Node:
         used_memory_bytes=node.used_memory_bytes + sign * placement.memory_bytes,
         workers=node.workers + sign,
         workload_classes=tuple(sorted((k, v) for k, v in classes.items() if v > 0)),
+        limit_tflops_milli=node.limit_tflops_milli + sign * limit_tflops,
+        limit_vram_bytes=node.limit_vram_bytes + sign * limit_vram,
     )
 
 
@@ -473,6 +476,8 @@ def _placement(
         workload_class=request.workload_class,
         score=round(chosen.total),
         policy=profile.name,
+        limit_tflops_milli=tuple(request.limit_tflops_on(node.gpus[i]) for i in chosen.gpus),
+        limit_vram_bytes=tuple(request.limit_vram_on(node.gpus[i]) for i in chosen.gpus),
     )
 
 

@@ -154,10 +154,15 @@ def placement_view(
         gpus_by_node.setdefault(gpu.node, []).append(gpu)
     workers_by_gpu: dict[str, int] = {}
     workers_by_node: dict[str, int] = {}
+    limits_by_node: dict[str, tuple[int, int]] = {}
     for allocation in allocations:
         workers_by_node[allocation.node] = workers_by_node.get(allocation.node, 0) + 1
+        tflops, vram = limits_by_node.get(allocation.node, (0, 0))
         for share in allocation.shares:
             workers_by_gpu[share.gpu_uuid] = workers_by_gpu.get(share.gpu_uuid, 0) + 1
+            tflops += share.limit_tflops_milli
+            vram += share.limit_vram_bytes
+        limits_by_node[allocation.node] = (tflops, vram)
     built: dict[str, Node] = {}
     blocked: dict[str, str] = {}
     for node in nodes:
@@ -178,6 +183,8 @@ def placement_view(
             cordoned=reason is not None,
             pool=node.pool,
             workers=workers_by_node.get(node.name, 0),
+            limit_tflops_milli=limits_by_node.get(node.name, (0, 0))[0],
+            limit_vram_bytes=limits_by_node.get(node.name, (0, 0))[1],
         )
     return LedgerView(nodes=built, blocked=blocked)
 
@@ -241,6 +248,8 @@ def placement_request(
         node_selector=dict(node_selector or {}),
         pool=request.pool,
         qos=request.qos,
+        limit_tflops_milli=request.tflops_limit_milli,
+        limit_vram_bytes=request.vram_limit_bytes,
     )
 
 

@@ -129,7 +129,9 @@ class Node:
     """A schedulable node: allocatable CPU and memory, what is reserved, its GPUs and its metadata.
 
     `workload_classes` counts the workloads hosted per class (see `PlacementRequest.workload_class`);
-    the GPU-clustering policy reads it.
+    the GPU-clustering policy reads it. `limit_tflops_milli`/`limit_vram_bytes` sum the limits of the
+    workloads on the node; `virtual_tflops_milli`/`virtual_vram_bytes` (None: not checked) are the most
+    those limits may add up to, the virtual capacity of an oversubscribed pool (`tfcommon.pool_capacity`).
     """
 
     name: str
@@ -144,6 +146,10 @@ class Node:
     used_memory_bytes: int = 0
     workers: int = 0
     workload_classes: tuple[tuple[str, int], ...] = ()
+    limit_tflops_milli: int = 0
+    limit_vram_bytes: int = 0
+    virtual_tflops_milli: int | None = None
+    virtual_vram_bytes: int | None = None
 
     def __post_init__(self) -> None:
         for position, gpu in enumerate(self.gpus):
@@ -175,6 +181,8 @@ class Node:
                 (g.model, g.vendor, g.tflops_milli, g.vram_bytes, g.numa_node, g.nvlink_peers)
                 for g in self.gpus
             ),
+            self.virtual_tflops_milli,
+            self.virtual_vram_bytes,
         )
 
     @cached_property
@@ -187,6 +195,8 @@ class Node:
             self.workers,
             tuple((g.used_tflops_milli, g.used_vram_bytes, g.workers) for g in self.gpus),
             self.workload_classes,
+            self.limit_tflops_milli if self.virtual_tflops_milli is not None else 0,
+            self.limit_vram_bytes if self.virtual_vram_bytes is not None else 0,
         )
 
     @cached_property
@@ -202,6 +212,8 @@ class PlacementRequest:
     GPU's TFLOPS, truncated to whole TFLOPS like TensorFusion) with `vram_bytes`, or `gpu_share`
     (thousandths of each GPU's TFLOPS and VRAM, as trace replays use). `gpu_count` 0 is a CPU-only
     request. `gpu_models` empty means any model; `shared` isolation takes whole idle cards.
+    `limit_tflops_milli`/`limit_vram_bytes` are the per-GPU limits (never below what is reserved on
+    the GPU); only a node with a virtual capacity checks them.
     """
 
     name: str
@@ -221,6 +233,8 @@ class PlacementRequest:
     tolerations: tuple[Toleration, ...] = ()
     pool: str | None = None
     qos: str = "medium"
+    limit_tflops_milli: int = 0
+    limit_vram_bytes: int = 0
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -244,6 +258,8 @@ class PlacementRequest:
             self.required_node_affinity,
             self.tolerations,
             self.pool,
+            self.limit_tflops_milli,
+            self.limit_vram_bytes,
         )
 
     @property
@@ -276,6 +292,14 @@ class PlacementRequest:
             return self.gpu_share * gpu.vram_bytes // WHOLE_GPU_SHARE
         return self.vram_bytes
 
+    def limit_tflops_on(self, gpu: Gpu) -> int:
+        """Milli-TFLOPS of limit this request holds on `gpu` (its limit, at least what it reserves)."""
+        return max(self.limit_tflops_milli, self.tflops_on(gpu))
+
+    def limit_vram_on(self, gpu: Gpu) -> int:
+        """VRAM bytes of limit this request holds on `gpu` (its limit, at least what it reserves)."""
+        return max(self.limit_vram_bytes, self.vram_on(gpu))
+
     def share_on(self, gpu: Gpu) -> int:
         """The request's per-GPU demand on `gpu` in thousandths of that card (rounded up)."""
         if self.isolation is Isolation.SHARED:
@@ -289,11 +313,21 @@ class PlacementRequest:
         return max(by_tflops, by_vram)
 
 
+_AMOUNTS = (
+    "cpu_milli",
+    "memory_bytes",
+    "tflops_milli",
+    "vram_bytes",
+    "limit_tflops_milli",
+    "limit_vram_bytes",
+)
+
+
 def _validate(request: PlacementRequest) -> None:
     def fail(field_name: str, problem: str, fix: str) -> PlacementRequestError:
         return PlacementRequestError(f"request {request.name!r}: {field_name} {problem}; {fix}")
 
-    for name in ("cpu_milli", "memory_bytes", "tflops_milli", "vram_bytes"):
+    for name in _AMOUNTS:
         if getattr(request, name) < 0:
             raise fail(name, f"is {getattr(request, name)}", "use a value >= 0")
     if not 0 <= request.gpu_count <= MAX_GPU_COUNT:

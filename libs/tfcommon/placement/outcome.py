@@ -10,7 +10,9 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Placement:
-    """Where a request goes and exactly what to reserve there (per chosen GPU, in the same order)."""
+    """Where a request goes and exactly what to reserve there (per chosen GPU, in the same order).
+    `limit_tflops_milli`/`limit_vram_bytes` are the limits per chosen GPU (empty: equal to what is
+    reserved); a node's virtual capacity is checked against them."""
 
     request_name: str
     node: str
@@ -23,6 +25,16 @@ class Placement:
     workload_class: str
     score: int
     policy: str
+    limit_tflops_milli: tuple[int, ...] = ()
+    limit_vram_bytes: tuple[int, ...] = ()
+
+    @property
+    def limits(self) -> tuple[int, int]:
+        """The limits this placement holds on its node in all: (milli-TFLOPS, VRAM bytes)."""
+        return (
+            sum(self.limit_tflops_milli or self.tflops_milli),
+            sum(self.limit_vram_bytes or self.vram_bytes),
+        )
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from tfcommon.placement.filters import (
     FitsCpu,
     FitsMemory,
     FitsTflops,
+    FitsVirtualCapacity,
     FitsVram,
     IsolationSupported,
     MatchesGpuModel,
@@ -150,6 +151,7 @@ def node_filters(args: PluginArgs) -> tuple[NodeFilter, ...]:
         ToleratesTaints(),
         FitsCpu(),
         FitsMemory(),
+        FitsVirtualCapacity(),
         MaxWorkersPerNode(args.max_workers_per_node),
     )
 

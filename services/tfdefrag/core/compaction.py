@@ -2,8 +2,10 @@
 
 A node qualifies when nothing is allocated on it, its GPUNode is not `do-not-disrupt`, it is ready,
 not being deleted, older than five minutes, and removing it keeps the pool's warm resources
-(available TFLOPS and VRAM) and minimum resources (total TFLOPS and VRAM). The cluster autoscaler
-acts on the label; nothing is deleted here. Pure: `now` is an argument.
+(available TFLOPS and VRAM) and minimum resources (total TFLOPS and VRAM). A pool with
+`maxResources` can take only what is left below its maximum, so no more than that is kept warm: an
+empty node whose capacity the maximum would never let the pool use is compacted. The cluster
+autoscaler acts on the label; nothing is deleted here. Pure: `now` is an argument.
 """
 
 from __future__ import annotations
@@ -79,13 +81,23 @@ def plan_compaction(
     *,
     minimum: Resources = Resources(),
     warm: Resources = Resources(),
+    maximum: tuple[int | None, int | None] = (None, None),
 ) -> CompactionDecision:
-    """Choose the empty nodes whose removal keeps the pool's minimum and warm resources."""
+    """Choose the empty nodes whose removal keeps the pool's minimum and warm resources; the warm
+    resources kept are at most what the pool's `maximum` (milli-TFLOPS, VRAM bytes; None: unset) still
+    lets it reserve."""
     live = [node for node in nodes if not markers.is_marked(node.labels, markers.SHOULD_DELETE)]
     total_tflops = sum(_capacity(node).tflops_milli for node in live)
     total_vram = sum(_capacity(node).vram_bytes for node in live)
     free_tflops = total_tflops - sum(_used(node).tflops_milli for node in live)
     free_vram = total_vram - sum(_used(node).vram_bytes for node in live)
+    max_tflops, max_vram = maximum
+    if max_tflops is not None:
+        room = max(max_tflops - (total_tflops - free_tflops), 0)
+        warm = Resources(min(warm.tflops_milli, room), warm.vram_bytes)
+    if max_vram is not None:
+        room = max(max_vram - (total_vram - free_vram), 0)
+        warm = Resources(warm.tflops_milli, min(warm.vram_bytes, room))
     mark: list[str] = []
     kept: list[NodeSkip] = []
     for pool_node in sorted(live, key=lambda n: n.name):

@@ -11,7 +11,7 @@ is left alone, because the shell writes with a merge patch of these fields only.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -102,8 +102,14 @@ def pool_status(nodes: Iterable[NodeFacts], gpus: Iterable[GpuFacts]) -> Status:
     }
 
 
-def desired_status(nodes: Iterable[NodeFacts], gpus: Iterable[GpuFacts]) -> DesiredStatus:
-    """Every GPU, GPUNode and GPUPool status the ledger implies."""
+def desired_status(
+    nodes: Iterable[NodeFacts],
+    gpus: Iterable[GpuFacts],
+    *,
+    in_pool: Callable[[str, str], bool] | None = None,
+) -> DesiredStatus:
+    """Every GPU, GPUNode and GPUPool status the ledger implies. `in_pool(node, pool)` false leaves a
+    node out of its pool's totals (its labels miss the pool's nodeSelector)."""
     node_by_name = {n.name: n for n in nodes}
     gpus_by_node: dict[str, list[GpuFacts]] = {name: [] for name in node_by_name}
     for gpu in gpus:
@@ -114,6 +120,8 @@ def desired_status(nodes: Iterable[NodeFacts], gpus: Iterable[GpuFacts]) -> Desi
         if node is None:
             continue
         members = pools.setdefault(node.pool, ([], []))
+        if in_pool is not None and not in_pool(name, node.pool):
+            continue
         members[0].append(node)
         members[1].extend(node_gpus)
     return DesiredStatus(

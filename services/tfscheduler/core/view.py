@@ -8,7 +8,7 @@ planner), and `blocked` says why. A blocked node stays in the view as cordoned.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timedelta
 from uuid import UUID, uuid5
 
@@ -83,18 +83,24 @@ def build_snapshot(
     *,
     heartbeat_intervals_ms: Mapping[str, int] | None = None,
     heartbeat_timeout: timedelta | None = None,
+    membership: Callable[[str, str], str | None] | None = None,
 ) -> ClusterSnapshot:
-    """The placement view of the ledger: capacity and reservations per GPU, workers per GPU and node."""
+    """The placement view of the ledger: capacity and reservations per GPU, workers per GPU and node.
+    `membership(node, pool)` says why a node is not in the pool it registered in (its labels miss the
+    pool's nodeSelector): such a node is blocked too."""
     intervals = heartbeat_intervals_ms or {}
     return placement_view(
         nodes,
         gpus,
         allocations,
-        block_reason=lambda node: node_block_reason(
-            node,
-            now,
-            heartbeat_interval_ms=intervals.get(node.name, DEFAULT_HEARTBEAT_INTERVAL_MS),
-            heartbeat_timeout=heartbeat_timeout,
+        block_reason=lambda node: (
+            node_block_reason(
+                node,
+                now,
+                heartbeat_interval_ms=intervals.get(node.name, DEFAULT_HEARTBEAT_INTERVAL_MS),
+                heartbeat_timeout=heartbeat_timeout,
+            )
+            or (membership(node.name, node.pool) if membership is not None else None)
         ),
     )
 
@@ -117,4 +123,6 @@ def placement_of(allocation: AllocationFacts, node: Node) -> Placement:
         workload_class=f"{count}-gpu" if whole else ("share" if count == 1 else f"{count}-gpu-share"),
         score=0,
         policy="ledger",
+        limit_tflops_milli=tuple(share.limit_tflops_milli for share in shares),
+        limit_vram_bytes=tuple(share.limit_vram_bytes for share in shares),
     )

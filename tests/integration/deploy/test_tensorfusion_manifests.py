@@ -306,15 +306,15 @@ async def test_scheduler_names_the_fields_it_accepts_but_does_not_act_on(
         found = condition(stored, CONDITION)
         assert found is not None
         assert found["status"] == "True"
-        for field in (
-            "spec.componentConfig",
-            "spec.nodeManagerConfig.nodeSelector",
-            "spec.nodeManagerConfig.defaultVendor",
+        for field in ("spec.componentConfig", "spec.nodeManagerConfig.defaultVendor"):
+            assert field in found["message"], field
+        for acted_on in (
+            "spec.capacityConfig.minResources",
+            "spec.capacityConfig.warmResources",
             "spec.capacityConfig.maxResources",
             "spec.capacityConfig.oversubscription",
+            "spec.nodeManagerConfig.nodeSelector",
         ):
-            assert field in found["message"], field
-        for acted_on in ("spec.capacityConfig.minResources", "spec.capacityConfig.warmResources"):
             assert acted_on not in found["message"], acted_on
         assert condition(stored, "Ready") == other
         assert await reporter.sync() == 0  # nothing changed, nothing written
@@ -330,7 +330,7 @@ async def test_scheduler_names_the_fields_it_accepts_but_does_not_act_on(
         changed = condition(stored, CONDITION)
         assert changed is not None
         assert "spec.componentConfig" not in changed["message"]
-        assert "spec.nodeManagerConfig.nodeSelector" in changed["message"]
+        assert "spec.nodeManagerConfig.defaultVendor" in changed["message"]
     finally:
         cluster.close()
         kubectl(local_kubernetes, "delete", "gpupool.tensor-fusion.ai", name, "--wait=false")
@@ -378,8 +378,9 @@ def test_tfctl_doctor_lists_what_is_accepted_but_not_acted_on(local_kubernetes: 
             if not line.startswith("  "):
                 break
             listed.append(line.strip())
-        assert {"spec.componentConfig", "spec.nodeManagerConfig.nodeSelector"} <= set(listed)
+        assert {"spec.componentConfig", "spec.nodeManagerConfig.defaultVendor"} <= set(listed)
         assert not any(field.startswith("spec.capacityConfig.minResources") for field in listed)
+        assert "spec.nodeManagerConfig.nodeSelector" not in listed
     finally:
         kubectl(local_kubernetes, "delete", "gpupool.tensor-fusion.ai", name, "--wait=false")
 

@@ -46,6 +46,22 @@ def test_removal_keeps_warm_and_minimum_resources() -> None:
     assert "warmResources/minResources" in minimum.kept[0].message
 
 
+def test_warm_capacity_the_pool_maximum_would_never_let_it_use_is_compacted() -> None:
+    nodes = [a_node("busy", (1000, 1000)), a_node("idle-1", (0, 0)), a_node("idle-2", (0, 0))]
+    four_gpus_free = Resources(4 * H100_TFLOPS, 4 * H100_VRAM)
+
+    def gpus(count: int) -> tuple[int, int]:
+        return count * H100_TFLOPS, count * H100_VRAM
+
+    uncapped = plan_compaction(nodes, NOW, warm=four_gpus_free)
+    two_more = plan_compaction(nodes, NOW, warm=four_gpus_free, maximum=gpus(4))
+    at_maximum = plan_compaction(nodes, NOW, warm=four_gpus_free, maximum=gpus(2))
+
+    assert uncapped.mark == ()
+    assert two_more.mark == ("idle-1",)  # the maximum lets the pool reserve 2 more GPUs: one node kept
+    assert at_maximum.mark == ("idle-1", "idle-2")
+
+
 def test_capacity_settings_are_parsed_with_field_names() -> None:
     minimum, warm, problems = parse_capacity(
         "p", {"minResources": {"tflops": "100", "vram": "80Gi"}, "warmResources": {"vram": "lots"}}

@@ -25,6 +25,20 @@ def test_a_whole_unsupported_section_is_named_once_and_supported_leaves_are_not(
     )
 
 
+def test_pool_capacity_bounds_and_node_selector_are_acted_on_but_not_cpu_or_memory_maxima() -> None:
+    spec = {
+        "capacityConfig": {
+            "maxResources": {"tflops": "100", "vram": "100Gi", "cpu": "64"},
+            "oversubscription": {"tflopsOversellRatio": 2000},
+        },
+        "nodeManagerConfig": {"nodeSelector": {"nodeSelectorTerms": []}, "defaultVendor": "NVIDIA"},
+    }
+    assert unsupported_fields(CustomResource.GPU_POOL, spec) == (
+        "spec.capacityConfig.maxResources.cpu",
+        "spec.nodeManagerConfig.defaultVendor",
+    )
+
+
 def test_nothing_set_in_a_gpunode_spec_is_acted_on_yet() -> None:
     assert unsupported_fields(CustomResource.GPU_NODE, {"costPerHour": "1.2"}) == ("spec.costPerHour",)
 
