@@ -6,11 +6,8 @@ and GPUNode objects and owns their identity and capacity (`tfagent.core.custom_r
 only merge-patches the fields it owns (`SCHEDULER_FIELDS`: availability, and the GPUNode phase from
 heartbeats) and the whole GPUPool status it computes. It creates nothing: an object not there yet is
 tried again shortly; `GPUPool` objects are the operator's. A `notify()` (a placement, a release) writes
-after a short debounce; a poll of the ledger catches changes made elsewhere. What it last wrote is read
-back from the API server on start and every `READ_BACK_S` (one list per kind), so a status someone else
-changed is written again, and one already right (after a restart, say) is not: it patches only where
-the server differs. It decides nothing about placement and never touches spec, labels, or status fields
-it does not own.
+after a short debounce; a poll of the ledger catches changes made elsewhere. It decides nothing about
+placement and never touches spec, labels, or status fields it does not own.
 """
 
 from __future__ import annotations
@@ -18,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -28,8 +24,7 @@ from tfcommon.ledger.sql import SqlLedger
 from tfscheduler.core.custom_status import Status, desired_status
 
 log = logging.getLogger("tfscheduler.status")
-READ_BACK_S = 60.0
-"""How often what the API server holds replaces what this writer remembers writing."""
+FULL_REWRITE_S = 60.0
 ABSENT_RETRY_S = 2.0
 SCHEDULER_FIELDS: dict[CustomResource, tuple[str, ...]] = {
     CustomResource.GPU: ("available",),
@@ -69,7 +64,7 @@ class StatusWriter:
     async def run(self, stop: asyncio.Event) -> None:
         """Write on every notification (debounced) and every poll interval until `stop` is set."""
         loop = asyncio.get_running_loop()
-        last_read = -math.inf
+        last_full = loop.time()
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), timeout=self.poll_interval_s)
@@ -79,10 +74,10 @@ class StatusWriter:
             if stop.is_set():
                 return
             self._changed.clear()
+            if loop.time() - last_full >= FULL_REWRITE_S:
+                self._written.clear()
+                last_full = loop.time()
             try:
-                if loop.time() - last_read >= READ_BACK_S:
-                    await self.read_back()
-                    last_read = loop.time()
                 await self.sync()
             except ClusterError as error:
                 log.warning("writing custom-resource status failed, will retry: %s", error)
@@ -101,19 +96,6 @@ class StatusWriter:
         ]
         return sum(await asyncio.gather(*writes))
 
-    async def read_back(self) -> int:
-        """Remember what the API server holds now as what was last written (the owned fields of every
-        GPU, GPUNode and GPUPool; an object it does not list is forgotten, so it is written when it
-        appears): the next `sync` patches only what differs from the ledger. Returns how many objects
-        it read."""
-        held: dict[tuple[CustomResource, str], Status] = {}
-        for kind in (CustomResource.GPU, CustomResource.GPU_NODE, CustomResource.GPU_POOL):
-            for found in await self.cluster.list_custom_objects(kind):
-                held[kind, found.name] = _owned(kind, found.status)
-                self._absent_until.pop((kind, found.name), None)
-        self._written = held
-        return len(held)
-
     async def _write(self, kind: CustomResource, name: str, computed: Status) -> bool:
         key = (kind, name)
         status = _owned(kind, computed)
@@ -127,7 +109,7 @@ class StatusWriter:
             self._absent_until.pop(key, None)
             return True
         if isinstance(result, NotFound):  # not created yet by the node agent, or a GPUPool nobody created
-            wait = READ_BACK_S if kind is CustomResource.GPU_POOL else ABSENT_RETRY_S
+            wait = FULL_REWRITE_S if kind is CustomResource.GPU_POOL else ABSENT_RETRY_S
             self._absent_until[key] = now + wait
         return False
 
