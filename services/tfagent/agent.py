@@ -247,9 +247,11 @@ class NodeAgent:
 
     def restore(self, allocations: Iterable[WorkerAllocation]) -> None:
         """Start from the ledger's open allocations on this node: after a restart, the durable
-        consumer delivers only what changed since the last acknowledged event."""
+        consumer delivers only what changed since the last acknowledged event. One whose release the
+        agent has followed meanwhile stays closed."""
         for allocation in allocations:
-            self._allocations[allocation.allocation_id] = allocation
+            if allocation.allocation_id not in self._released:
+                self._allocations[allocation.allocation_id] = allocation
 
     async def track_allocation(self, message: Message) -> Sequence[Message]:
         """Pull-consumer handler: follow allocations placed on this node (idempotent under redelivery).

@@ -2,10 +2,14 @@
 
 Only wiring lives here: `compose` plugs routers, consumers and tasks into the shared runtime
 (`tfcommon.runtime`); decisions live in `tfagent.core`. Nothing is built at import time.
+The agent runs without the ledger (`needs_ledger=False`: no database credential on a GPU node); what it
+needs from it goes through the scheduler over NATS (`tfagent.scheduler_ledger`).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import socket
 from collections.abc import Sequence
@@ -13,14 +17,12 @@ from functools import partial
 from pathlib import Path
 
 from kubernetes.config import ConfigException
-from sqlalchemy.exc import DBAPIError
 from tfcommon import subjects
 from tfcommon.cluster.kubernetes import KubernetesCluster
 from tfcommon.cluster.model import Pod
 from tfcommon.consumer import run_pull_consumer
 from tfcommon.events import Message
 from tfcommon.gpu_models import GpuModelSpec
-from tfcommon.ledger.sql import SqlLedger
 from tfcommon.runtime import (
     BackgroundTask,
     Components,
@@ -40,14 +42,16 @@ from tfagent.api import build_router
 from tfagent.commands import NodeCommands
 from tfagent.core.deviceplugin import LimiterLibrary
 from tfagent.core.inventory import ModelCatalog
-from tfagent.core.usage import WorkerAllocation, WorkerShare
 from tfagent.deviceplugin.server import DevicePlugins, serve_device_plugins
 from tfagent.kubernetes_status import KubernetesStatus
 from tfagent.ports import GpuProbe, ProcessOwners
 from tfagent.providers import provider_model_table
+from tfagent.scheduler_ledger import LedgerUnavailableError, SchedulerLedger
 from tfagent.workers import WorkerRunner, build_workers_router
 
 SERVICE = "node-agent"
+RESTORE_FIRST_RETRY_S = 0.5
+RESTORE_RETRY_MAX_S = 5.0
 log = logging.getLogger("tfagent")
 
 
@@ -106,13 +110,7 @@ async def compose(context: ServiceContext[AgentSettings]) -> Components:
         on_inventory=None if custom_resources is None else custom_resources.notify,
     )
     agent_holder.append(agent)
-    try:
-        agent.restore(await open_allocations(context.ledger, node))
-    except DBAPIError as error:
-        log.warning(
-            "cannot read this node's open allocations from the ledger; following the events only",
-            extra={"event": "agent.restore_failed", "outcome": "error", "error": str(error).splitlines()[0]},
-        )
+    ledger = SchedulerLedger(context.bus, node)
     allocations = subjects.node_agent_track_allocations(node)
     await subjects.provision_consumer(context.bus.js, allocations)
     commands_consumer = subjects.node_agent_run_commands(node)
@@ -139,7 +137,7 @@ async def compose(context: ServiceContext[AgentSettings]) -> Components:
             stop=context.stopping,
         )
 
-    commands = NodeCommands(node, agent, runner, context.ledger)
+    commands = NodeCommands(node, agent, runner, ledger)
 
     async def supervise_workers() -> None:
         await runner.recover(commands.release_in_ledger, context.stopping)
@@ -158,6 +156,7 @@ async def compose(context: ServiceContext[AgentSettings]) -> Components:
         )
 
     tasks: dict[str, BackgroundTask] = {
+        "restore-allocations": partial(restore_allocations, agent, ledger, context.stopping),
         "agent": run_agent,
         "track-allocations": track_allocations,
         "run-commands": run_commands,
@@ -174,23 +173,33 @@ async def compose(context: ServiceContext[AgentSettings]) -> Components:
     return Components(routers=routers, tasks=tasks)
 
 
-async def open_allocations(ledger: SqlLedger, node: str) -> list[WorkerAllocation]:
-    """The ledger's open allocations on `node`, as the agent holds them."""
-    return [
-        WorkerAllocation(
-            allocation_id=record.allocation_id,
-            workload=record.workload,
-            pool=record.pool,
-            shares=tuple(
-                WorkerShare(share.gpu_uuid.lower(), share.tflops_milli, share.vram_bytes)
-                for share in record.shares
-            ),
-            qos=record.qos,
-            isolation=record.isolation,
-        )
-        for record in await ledger.active_allocations()
-        if record.node == node
-    ]
+async def restore_allocations(agent: NodeAgent, ledger: SchedulerLedger, stopping: asyncio.Event) -> None:
+    """Start from this node's open allocations, asked of the scheduler (after a restart the durable
+    consumer delivers only what changed since); asked again, backing off, until a scheduler answers."""
+    delay = RESTORE_FIRST_RETRY_S
+    warned = False
+    while not stopping.is_set():
+        try:
+            restored = await ledger.open_allocations()
+        except LedgerUnavailableError as error:
+            if not warned:
+                log.warning(
+                    "cannot read this node's open allocations yet; asking again until the scheduler answers",
+                    extra={"event": "agent.restore", "outcome": "retry", "error": str(error)},
+                )
+                warned = True
+        else:
+            agent.restore(restored)
+            log.info(
+                "restored %d open allocation(s) of this node from the scheduler",
+                len(restored),
+                extra={"event": "agent.restore", "outcome": "restored"},
+            )
+            break
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stopping.wait(), timeout=delay)
+        delay = min(delay * 2, RESTORE_RETRY_MAX_S)
+    await stopping.wait()
 
 
 def worker_runner(
@@ -254,7 +263,9 @@ def device_plugin_task(
 
 def build(settings: AgentSettings) -> ServiceSpec[AgentSettings]:
     """The node-agent service as the runtime runs it."""
-    return ServiceSpec(name=SERVICE, settings=settings, port=settings.port, compose=compose)
+    return ServiceSpec(
+        name=SERVICE, settings=settings, port=settings.port, compose=compose, needs_ledger=False
+    )
 
 
 def main() -> int:

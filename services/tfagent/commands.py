@@ -2,38 +2,35 @@
 
 Read from the agent's durable consumer `node-agent-run-commands-<node>` by the shared consumer loop, which
 terminates malformed messages. Workers run through the same `WorkerRunner` as `POST /api/v1/workers`;
-one started by a command logs its output and releases its allocation in the ledger when it ends. Every
-handler is idempotent under redelivery: a start for an allocation whose worker runs or ran starts
-nothing, a stop for a worker that ended does nothing. Whether a start may happen is decided by
-`tfagent.core.commands`.
+one started by a command logs its output and, when it ends, asks the scheduler to release its allocation
+(`ReleaseAllocation`). The agent holds no database credential: it reads the allocation a start names from
+the scheduler (`tfagent.scheduler_ledger`); no scheduler answering is a `TransientError`, so the command
+is retried with the consumer's backoff. Every handler is idempotent under redelivery: a start for an
+allocation whose worker runs or ran starts nothing, a stop for a worker that ended does nothing. Whether
+a start may happen is decided by `tfagent.core.commands`.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Sequence
 from uuid import UUID
 
-from sqlalchemy.exc import DBAPIError
 from tfcommon.consumer import TransientError
 from tfcommon.events import DiscoverGpus, Message, StartWorker, StopWorker
-from tfcommon.ledger.sql import SqlLedger
 
 from tfagent.agent import NodeAgent
 from tfagent.core.commands import LedgerAllocation, start_refusal
+from tfagent.scheduler_ledger import LedgerUnavailableError, SchedulerLedger
 from tfagent.workers import Release, RunWorkerRequest, WorkerLaunchError, WorkerRunner
 
 log = logging.getLogger("tfagent.commands")
-
-RELEASE_ATTEMPTS = 5
-RELEASE_FIRST_RETRY_S = 0.5
 
 
 class NodeCommands:
     """Handles the commands of one node's agent (`handle` is the pull consumer's handler)."""
 
-    def __init__(self, node: str, agent: NodeAgent, runner: WorkerRunner, ledger: SqlLedger) -> None:
+    def __init__(self, node: str, agent: NodeAgent, runner: WorkerRunner, ledger: SchedulerLedger) -> None:
         self.node = node
         self._agent = agent
         self._runner = runner
@@ -70,9 +67,9 @@ class NodeCommands:
         if self._agent.inventory is None:
             raise TransientError("this node's GPUs are not discovered yet; the command is retried")
         try:
-            record = await self._ledger.get_allocation(allocation_id)
-        except DBAPIError as error:
-            raise TransientError(f"cannot read allocation {allocation_id} from the ledger") from error
+            record = await self._ledger.allocation(allocation_id)
+        except LedgerUnavailableError as error:
+            raise TransientError(f"cannot read allocation {allocation_id}: {error}") from error
         allocation = (
             None
             if record is None
@@ -125,28 +122,9 @@ class NodeCommands:
         return release
 
     async def release_in_ledger(self, allocation_id: UUID, reason: str, cause: UUID | None = None) -> bool:
-        """Close a bus-started worker's allocation in the ledger, retrying a database error a few times;
-        True once closed (or already closed)."""
-        delay = RELEASE_FIRST_RETRY_S
-        for attempt in range(1, RELEASE_ATTEMPTS + 1):
-            try:
-                await self._ledger.release(allocation_id, reason, cause)
-                return True
-            except (DBAPIError, OSError) as error:
-                log.warning(
-                    "releasing %s failed (attempt %d): %s", allocation_id, attempt, error, exc_info=False
-                )
-            if attempt < RELEASE_ATTEMPTS:
-                await asyncio.sleep(delay)
-                delay *= 2
-        log.error(
-            "allocation %s not released now; the agent releases it when it next starts, or run: "
-            "tfctl delete workload %s",
-            allocation_id,
-            allocation_id,
-            extra={"event": "command.release", "outcome": "error"},
-        )
-        return False
+        """Ask the scheduler to close a bus-started worker's allocation in the ledger (`ReleaseAllocation`
+        through JetStream, kept while no scheduler runs); True once the request is stored."""
+        return await self._ledger.release(allocation_id, reason, cause)
 
     def _refused(self, command: StartWorker, reason: str, outcome: str, level: int = logging.ERROR) -> None:
         log.log(

@@ -8,7 +8,7 @@ SIGKILL after the grace period), the agent releases the allocation through the s
 endpoints need `Authorization: Bearer <TF_API_TOKEN>`.
 
 A worker's environment is the caller's (`env`: the user's shell, as `tfctl run` sends it) plus what its
-grant sets; nothing of the agent's own environment (its token, its database URL) reaches it. When the
+grant sets; nothing of the agent's own environment (its token, its NATS password) reaches it. When the
 agent stops, it stops its workers (SIGTERM, SIGKILL after the grace period) and releases them; each
 running worker is written in a journal (`tfagent.adapters.worker_journal`), so what an agent that died
 left behind is stopped and released when it starts again (`WorkerRunner.recover`). Decisions on the
@@ -57,7 +57,8 @@ Release = Callable[[str], Awaitable[bool]]
 allocation is closed (or was already), False when it could not be released now."""
 
 LedgerRelease = Callable[[UUID, str], Awaitable[bool]]
-"""Closes an allocation in the ledger (for workers started by a bus command); True once closed."""
+"""Closes an allocation in the ledger through the scheduler (for workers started by a bus command);
+True once the release is asked for (stored in the commands stream)."""
 
 
 class RunWorkerRequest(BaseModel):

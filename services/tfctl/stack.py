@@ -5,7 +5,8 @@ Order of start: embedded NATS and Postgres (only when `TF_NATS_URL` / `TF_DATABA
 own process group, output to `<state dir>/logs/<name>.log`), then wait for every `/readyz`. Every child
 inherits the environment and runs with one API token: `TF_API_TOKEN` when set, else the one in
 `<state dir>/api-token` (generated on first start, mode 0600; every `tfctl` command reads it). The
-defrag planner also gets the scheduler's URL; each node agent journals its workers in `<state dir>/agent`.
+defrag planner also gets the scheduler's URL; each node agent journals its workers in `<state dir>/agent`
+and gets no `TF_DATABASE_URL` (it asks the scheduler over NATS for what it needs from the ledger).
 Order of stop (Ctrl-C, SIGTERM, or a child that exits on its own): the node agents first (they stop
 their `tfctl run` workers and release them while the scheduler still answers), then SIGTERM to every
 other service's process group so it drains, SIGKILL to whatever is left after a timeout, then NATS,
@@ -25,7 +26,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -133,6 +134,31 @@ def plan_children(options: StackOptions) -> list[Child]:
         if child.service == "defrag-planner":  # local mode: it lists and evicts workloads there
             child.environment["TF_DEFRAG_SCHEDULER_URL"] = scheduler_url
     return children
+
+
+def child_environment(
+    base: Mapping[str, str],
+    child: Child,
+    *,
+    nats_url: str,
+    database_url: str,
+    api_token: str,
+    agent_state_dir: Path,
+) -> dict[str, str]:
+    """The environment a service child runs with: `base` (the user's), the stack's NATS, ledger and
+    token, then the child's own. A node agent gets no `TF_DATABASE_URL`, even one the user set: it holds
+    no database credential and asks the scheduler over NATS for what it needs from the ledger."""
+    environment = {
+        **base,
+        "TF_NATS_URL": nats_url,
+        "TF_DATABASE_URL": database_url,
+        "TF_API_TOKEN": api_token,
+        "TF_AGENT_STATE_DIR": str(agent_state_dir),
+        **child.environment,
+    }
+    if child.service == "node-agent":
+        del environment["TF_DATABASE_URL"]
+    return environment
 
 
 @contextlib.contextmanager
@@ -273,14 +299,14 @@ class Stack:
 
     async def _spawn(self, child: Child) -> None:
         child.log_path.parent.mkdir(parents=True, exist_ok=True)
-        environment = {
-            **os.environ,
-            "TF_NATS_URL": self.nats_url,
-            "TF_DATABASE_URL": self.database_url,
-            "TF_API_TOKEN": self.api_token,
-            "TF_AGENT_STATE_DIR": str(self.options.state_dir / "agent"),
-            **child.environment,
-        }
+        environment = child_environment(
+            os.environ,
+            child,
+            nats_url=self.nats_url,
+            database_url=self.database_url,
+            api_token=self.api_token,
+            agent_state_dir=self.options.state_dir / "agent",
+        )
         with child.log_path.open("wb") as log:
             child.process = await asyncio.create_subprocess_exec(
                 *child.argv,

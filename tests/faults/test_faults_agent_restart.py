@@ -1,5 +1,8 @@
 """Found by the fault campaign: a node agent restarted after SIGKILL must still show the allocations
-placed on its node before the restart (its durable consumer only delivers what changed since)."""
+placed on its node before the restart (its durable consumer only delivers what changed since).
+
+The agent holds no database credential: it asks the scheduler, which answers from the ledger with
+that node's allocations only. An agent that starts before any scheduler keeps asking until one answers."""
 
 from __future__ import annotations
 
@@ -14,11 +17,12 @@ from support.scratch_database import scratch_database
 from tfagent.app import build
 from tfcommon.events import WorkloadRef
 from tfcommon.gpu_models import GIB
-from tfcommon.infra import free_port
+from tfcommon.infra import EmbeddedNats, free_port
 from tfcommon.ledger.records import GpuSpec, NodeSpec, ReservationRequest, Reserved, ShareRequest
 from tfcommon.ledger.sql import SqlLedger
 from tfcommon.runtime import serve
-from tfcommon.settings import AgentSettings, DatabaseSettings, NatsSettings
+from tfcommon.settings import AgentSettings, DatabaseSettings, NatsSettings, SchedulerSettings
+from tfscheduler.app import build as build_scheduler
 
 pytestmark = pytest.mark.integration
 
@@ -54,22 +58,30 @@ async def _allocate(database_url: str, node: str) -> str:
 
 
 async def test_a_restarted_agent_shows_the_allocations_the_ledger_holds_for_its_node(
-    nats_url: str, database_url: str
+    own_nats: EmbeddedNats, database_url: str
 ) -> None:
     node = f"node-{uuid4().hex[:10]}"
     mine = await _allocate(database_url, node)
     elsewhere = await _allocate(database_url, f"{node}-other")
     settings = AgentSettings(
-        nats=NatsSettings(url=nats_url),
-        database=DatabaseSettings(url=database_url),
+        nats=NatsSettings(url=own_nats.url),
+        database=DatabaseSettings(url=None),
         bind_host="127.0.0.1",
         port=free_port(),
         node_name=node,
         fake_gpus="H100:1",
         api_token=SecretStr("token"),
     )
+    scheduler_settings = SchedulerSettings(
+        nats=NatsSettings(url=own_nats.url),
+        database=DatabaseSettings(url=database_url),
+        bind_host="127.0.0.1",
+        port=free_port(),
+    )
     stop = asyncio.Event()
     service = asyncio.create_task(serve(build(settings), stop=stop))
+    await asyncio.sleep(1.0)  # the agent asks before any scheduler runs, and asks again later
+    scheduler = asyncio.create_task(serve(build_scheduler(scheduler_settings), stop=stop))
     try:
         deadline = asyncio.get_running_loop().time() + 30
         workers: list[str] = []
@@ -77,6 +89,7 @@ async def test_a_restarted_agent_shows_the_allocations_the_ledger_holds_for_its_
             while not workers:
                 assert asyncio.get_running_loop().time() < deadline, "the agent showed no worker within 30s"
                 assert not service.done(), f"the agent stopped: {service.exception()!r}"
+                assert not scheduler.done(), f"the scheduler stopped: {scheduler.exception()!r}"
                 try:
                     answer = await client.get("/api/v1/workers")
                     workers = [worker["worker_uid"] for worker in answer.json()["data"]]
@@ -88,4 +101,4 @@ async def test_a_restarted_agent_shows_the_allocations_the_ledger_holds_for_its_
         assert elsewhere not in workers
     finally:
         stop.set()
-        await service
+        await asyncio.gather(service, scheduler)

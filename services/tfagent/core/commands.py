@@ -1,8 +1,9 @@
 """Whether the agent may act on a `StartWorker` command: the ledger's allocation must be open, on this
 node and hold the GPUs the command names.
 
-Pure: the shell reads the allocation from the ledger and hands in what it found; this module returns the
-refusal in words an operator can act on, or None. It starts no process and reads nothing.
+Pure: the shell asks the scheduler for the allocation (it answers with this node's allocations only, so
+one placed elsewhere arrives as None) and hands in what it found; this module returns the refusal in
+words an operator can act on, or None. It starts no process and reads nothing.
 """
 
 from __future__ import annotations
@@ -35,8 +36,9 @@ def start_refusal(
     """
     if allocation is None:
         return (
-            f"allocation_id: {allocation_id} is not in the ledger; reserve it first "
-            "(POST /api/v1/workloads on the scheduler) and send its id"
+            f"allocation_id: {allocation_id} is not in the ledger for node {node} (the scheduler answers "
+            "each agent with its own node's allocations only); reserve it first (POST /api/v1/workloads "
+            "on the scheduler) and send its id on tf.cmd.node-agent.start-worker.<the node it is placed on>"
         )
     if allocation.state == "released":
         return f"allocation_id: {allocation_id} is already released; its worker ran or it was closed"

@@ -94,7 +94,7 @@ def handle(args: argparse.Namespace) -> int:
 
     try:
         spec = build_spec(args)
-        required_urls(spec.settings)
+        required_urls(spec.settings, ledger=spec.needs_ledger)
         load_config(spec.settings.config_file)
     except ConfigError as error:
         print(f"tfctl serve {args.service}: TF_CONFIG_FILE: {error}", file=sys.stderr)

@@ -37,12 +37,6 @@ POOL = "tensor-fusion.ai/gpupool"
 
 
 @pytest.fixture
-def database_url(migrated_database_url: str) -> str:
-    """A migrated scratch ledger database of its own for each test (the shared fixture)."""
-    return migrated_database_url
-
-
-@pytest.fixture
 async def api() -> AsyncIterator[tuple[ApiServerState, str]]:
     state = ApiServerState()
     async with kmock.KubernetesScaffold() as scaffold, kmock.Server(scaffold) as server:
@@ -97,13 +91,13 @@ def label_gpu_node(state: ApiServerState, node: str, key: str, value: str) -> No
 
 
 async def test_agent_service_in_kubernetes_mode_creates_its_gpunode_and_gpus_with_status(
-    api: tuple[ApiServerState, str], nats_url: str, database_url: str, tmp_path: Path
+    api: tuple[ApiServerState, str], nats_url: str, tmp_path: Path
 ) -> None:
     state, url = api
     node = f"node-{uuid4().hex[:8]}"
     settings = AgentSettings(
         nats=NatsSettings(url=nats_url),
-        database=DatabaseSettings(url=database_url),
+        database=DatabaseSettings(url=None),  # the agent holds no database credential
         bind_host="127.0.0.1",
         port=free_port(),
         node_name=node,

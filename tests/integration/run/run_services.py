@@ -1,4 +1,5 @@
 """A scheduler and a node agent with simulated GPUs, in-process over real NATS and Postgres, for `tfctl run`.
+Only the scheduler has the database URL: the agent reaches the ledger through it, over NATS.
 
 The fixtures are re-exported by this folder's conftest.py.
 The agent serves a node and pool of its own, so placement in these tests only ever picks its GPUs.
@@ -57,7 +58,7 @@ async def run_stack(nats_url: str, run_database_url: str) -> AsyncIterator[RunSt
     )
     agent_settings = AgentSettings(
         nats=nats,
-        database=database,
+        database=DatabaseSettings(url=None),  # the agent asks the scheduler; it holds no database URL
         bind_host="127.0.0.1",
         api_token=token,
         port=free_port(),

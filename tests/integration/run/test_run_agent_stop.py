@@ -55,14 +55,12 @@ def _gone(pid: int) -> bool:
 
 
 @asynccontextmanager
-async def _agent(
-    nats_url: str, database_url: str, state_dir: Path, node: str, pool: str, log: Path
-) -> AsyncIterator[Agent]:
+async def _agent(nats_url: str, state_dir: Path, node: str, pool: str, log: Path) -> AsyncIterator[Agent]:
+    """`tfctl serve node-agent` as `tfctl up` starts it: no TF_DATABASE_URL (it asks the scheduler)."""
     port = free_port()
     environment = {
         **{key: value for key, value in os.environ.items() if not key.startswith("TF_")},
         "TF_NATS_URL": nats_url,
-        "TF_DATABASE_URL": database_url,
         "TF_API_TOKEN": TOKEN,
         "TF_POOL": pool,
         "TF_AGENT_STATE_DIR": str(state_dir),
@@ -183,11 +181,11 @@ async def _released(stack: RunStack, allocation_id: UUID) -> bool:
 
 
 async def test_stopping_the_agent_stops_the_command_releases_it_and_the_agent_exits_promptly(
-    run_stack: RunStack, nats_url: str, run_database_url: str, tmp_path: Path
+    run_stack: RunStack, nats_url: str, tmp_path: Path
 ) -> None:
     node, pool, log = f"stop-node-{uuid4().hex[:6]}", f"stop-pool-{uuid4().hex[:6]}", tmp_path / "agent.log"
     pid_file, name = tmp_path / "cmd.pid", f"stopped-{uuid4().hex[:6]}"
-    async with _agent(nats_url, run_database_url, tmp_path / "agent-state", node, pool, log) as agent:
+    async with _agent(nats_url, tmp_path / "agent-state", node, pool, log) as agent:
         await _until_schedulable(run_stack, agent, log)
         run = await _run(run_stack, agent, _sleeper(tmp_path, pid_file), name)
         command_pid = await _command_pid(pid_file)
@@ -211,11 +209,11 @@ async def test_stopping_the_agent_stops_the_command_releases_it_and_the_agent_ex
 
 
 async def test_an_agent_killed_outright_leaves_a_journal_the_next_agent_stops_and_releases(
-    run_stack: RunStack, nats_url: str, run_database_url: str, tmp_path: Path
+    run_stack: RunStack, nats_url: str, tmp_path: Path
 ) -> None:
     node, pool, log = f"kill-node-{uuid4().hex[:6]}", f"kill-pool-{uuid4().hex[:6]}", tmp_path / "agent.log"
     state_dir, pid_file, name = tmp_path / "agent-state", tmp_path / "cmd.pid", f"orphan-{uuid4().hex[:6]}"
-    async with _agent(nats_url, run_database_url, state_dir, node, pool, log) as agent:
+    async with _agent(nats_url, state_dir, node, pool, log) as agent:
         await _until_schedulable(run_stack, agent, log)
         run = await _run(run_stack, agent, _sleeper(tmp_path, pid_file, ignore_sigterm=True), name)
         command_pid = await _command_pid(pid_file)
@@ -232,7 +230,7 @@ async def test_an_agent_killed_outright_leaves_a_journal_the_next_agent_stops_an
     assert not await _released(run_stack, allocation_id)
     assert len(list((state_dir / "workers" / node).glob("*.json"))) == 1
 
-    async with _agent(nats_url, run_database_url, state_dir, node, pool, log) as restarted:
+    async with _agent(nats_url, state_dir, node, pool, log) as restarted:
 
         async def recovered() -> bool:
             assert restarted.process.returncode is None, _tail(log)

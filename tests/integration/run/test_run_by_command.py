@@ -3,7 +3,9 @@ consumer, with a real scheduler and agent over real NATS JetStream and Postgres.
 
 The allocation is reserved through the scheduler's API (as `tfctl run` does); the command then runs on
 its GPUs, the allocation is released in the ledger when the command ends, a repeated start starts
-nothing new, and a stop ends a long-running command.
+nothing new, and a stop ends a long-running command. The agent holds no database credential: it reads
+the allocation from the scheduler, which answers with the agent's own node's allocations only (one on
+another node is refused), and the release goes through the scheduler (`tf.evt.allocation.released`).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from run_services import NODE_GPUS, TOKEN, RunStack
 from tfcommon import subjects
 from tfcommon.bus import NatsEventBus
 from tfcommon.events import (
+    AllocationReleased,
     DiscoverGpus,
     GpuDiscovered,
     NodeRegistered,
@@ -32,6 +35,8 @@ from tfcommon.events import (
     WorkloadRef,
     decode,
 )
+from tfcommon.gpu_models import GIB
+from tfcommon.ledger.records import GpuSpec, NodeSpec, ReservationRequest, Reserved, ShareRequest
 
 pytestmark = pytest.mark.integration
 
@@ -152,12 +157,30 @@ async def test_start_worker_runs_the_command_on_its_gpus_releases_at_exit_and_ru
     )
     status = await _placed(run_stack, f"by-command-{uuid4().hex[:6]}")
     command = _start_worker(run_stack, status, [sys.executable, str(script)])
+    announced: list[AllocationReleased] = []
 
-    await _published_and_handled(bus, run_stack, command)
-    reason = await _released_with(run_stack, command.allocation_id)
+    async def on_released(msg: Msg) -> None:
+        message = decode(msg.subject, msg.data)
+        if isinstance(message, AllocationReleased) and message.allocation_id == command.allocation_id:
+            announced.append(message)
+
+    subscription = await bus.nc.subscribe(AllocationReleased.subject, cb=on_released)
+    try:
+        await _published_and_handled(bus, run_stack, command)
+        reason = await _released_with(run_stack, command.allocation_id)
+
+        async def released_on_the_bus() -> bool:
+            return bool(announced)
+
+        await _eventually(released_on_the_bus, "tf.evt.allocation.released on the bus", 10.0)
+    finally:
+        await subscription.unsubscribe()
 
     assert _lines(seen) == [",".join(f"GPU-{uuid[4:]}" for uuid in status["gpu_uuids"])]
     assert reason == "worker exited with code 0"
+    assert [(m.node, m.reason, m.cause) for m in announced] == [
+        (run_stack.node, "worker exited with code 0", command.event_id)
+    ]
 
     redelivered = command.model_copy(update={"event_id": uuid4()})
     await _published_and_handled(bus, run_stack, redelivered)
@@ -245,3 +268,51 @@ async def test_discover_gpus_announces_the_node_and_each_gpu_again(
     assert {m.gpu_uuid for m in announced if isinstance(m, GpuDiscovered)} == {
         str(gpu["uuid"]) for gpu in run_stack.gpus
     }
+
+
+async def _reserved_on_another_node(stack: RunStack) -> UUID:
+    """An allocation the ledger holds on a node of its own (no agent runs there)."""
+    node, pool = f"elsewhere-{uuid4().hex[:6]}", f"elsewhere-pool-{uuid4().hex[:6]}"
+    await stack.ledger.upsert_pool(pool)
+    await stack.ledger.upsert_node(NodeSpec(name=node, pool=pool))
+    gpu = f"gpu-{uuid4()}"
+    await stack.ledger.upsert_gpu(GpuSpec(gpu, node, 0, "H100", "NVIDIA", 989_000, 80 * GIB))
+    allocation_id = uuid4()
+    result = await stack.ledger.reserve(
+        ReservationRequest(
+            allocation_id=allocation_id,
+            workload=WorkloadRef(namespace="default", name=f"elsewhere-{allocation_id.hex[:6]}"),
+            pool=pool,
+            node=node,
+            shares=(ShareRequest(gpu, 10_000, 4 * GIB),),
+        ),
+        commit=True,
+    )
+    assert isinstance(result, Reserved)
+    return allocation_id
+
+
+async def test_a_start_for_an_allocation_on_another_node_is_refused_and_releases_nothing(
+    run_stack: RunStack, bus: NatsEventBus, tmp_path: Path
+) -> None:
+    marker = tmp_path / "started"
+    elsewhere = await _reserved_on_another_node(run_stack)
+    command = StartWorker(
+        event_id=uuid4(),
+        occurred_at=datetime.now(UTC),
+        node=run_stack.node,
+        allocation_id=elsewhere,
+        workload=WorkloadRef(namespace="default", name="elsewhere"),
+        gpu_uuids=(str(run_stack.gpus[0]["uuid"]),),
+        argv=(sys.executable, "-c", f"open({str(marker)!r}, 'w').close()"),
+        tflops_limit_milli=10_000,
+        vram_limit_bytes=4 << 30,
+    )
+
+    await _published_and_handled(bus, run_stack, command)
+    await asyncio.sleep(1.0)
+
+    assert not marker.exists(), "a worker started for another node's allocation"
+    record = await run_stack.ledger.get_allocation(elsewhere)
+    assert record is not None
+    assert record.state == "committed"

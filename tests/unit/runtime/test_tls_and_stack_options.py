@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from cryptography import x509
 from tfcommon.tls import ensure_self_signed
-from tfctl.stack import StackOptions, parse_fake_gpus, plan_children
+from tfctl.stack import StackOptions, child_environment, parse_fake_gpus, plan_children
 
 
 def test_self_signed_pair_is_generated_once_then_reused(tmp_path: Path) -> None:
@@ -62,3 +62,26 @@ def test_each_fake_gpus_value_becomes_one_node_agent_with_its_own_port(tmp_path:
     assert agents[1].argv[-4:] == ["--node-name", "sim-node-2", "--fake-gpus", "A100-80G:2,L4:1"]
     webhook = next(child for child in children if child.service == "webhook")
     assert webhook.url == "https://127.0.0.1:9443"
+
+
+def test_node_agents_get_no_database_url_and_every_other_service_the_stacks(tmp_path: Path) -> None:
+    children = plan_children(StackOptions(state_dir=tmp_path, nodes=[parse_fake_gpus("H100:1")]))
+    user = {"TF_DATABASE_URL": "postgresql+psycopg://user:secret@db/tfpool", "HOME": "/home/user"}
+
+    environments = {
+        child.service: child_environment(
+            user,
+            child,
+            nats_url="nats://127.0.0.1:4222",
+            database_url="postgresql+psycopg://postgres@127.0.0.1:5432/tfpool",
+            api_token="token",
+            agent_state_dir=tmp_path / "agent",
+        )
+        for child in children
+    }
+
+    assert "TF_DATABASE_URL" not in environments["node-agent"]
+    assert environments["node-agent"]["TF_NATS_URL"] == "nats://127.0.0.1:4222"
+    assert environments["node-agent"]["HOME"] == "/home/user"
+    for service in ("webhook", "scheduler", "defrag-planner", "metrics"):
+        assert environments[service]["TF_DATABASE_URL"].endswith("@127.0.0.1:5432/tfpool"), service
