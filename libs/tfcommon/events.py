@@ -8,10 +8,18 @@ imperative (`tf.cmd.*`); evolution adds optional fields only, a breaking change 
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 from uuid import UUID, uuid5
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    StringConstraints,
+    ValidationError,
+    model_serializer,
+)
 
 NodeName = Annotated[
     str,
@@ -167,9 +175,24 @@ class GpuRequest(BaseModel):
     compute_percent_request: int | None = Field(
         default=None, ge=0, le=100, description="set when the workload asked in percent of a GPU"
     )
+    compute_percent_limit: int | None = Field(
+        default=None,
+        ge=0,
+        le=100,
+        description="compute limit in percent of each GPU, with a percent request (unset: the request)",
+    )
     gpu_model: str | None = Field(default=None, description="required GPU model, e.g. H100; any if unset")
     qos: QosLevel = Field(default="medium", description="QoS class: priority and price")
     isolation: IsolationMode = Field(default="soft", description="how limits are enforced")
+
+    @model_serializer(mode="wrap")
+    def _without_unset_percent_limit(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """An unset `compute_percent_limit` is left out, so a request without one is sent exactly as
+        before the field was added."""
+        data: dict[str, Any] = handler(self)
+        if data.get("compute_percent_limit") is None:
+            data.pop("compute_percent_limit", None)
+        return data
 
 
 # ----------------------------------------------------------------------------------------- workloads

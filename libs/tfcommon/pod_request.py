@@ -96,6 +96,7 @@ def gpu_request_of(pod: Pod, *, default_pool: str = "default") -> GpuRequest:
         vram_request_bytes=vram_request,
         vram_limit_bytes=vram_limit,
         compute_percent_request=percent_request,
+        compute_percent_limit=percent_limit,
         gpu_model=annotations.get(GPU_MODEL) or None,
         qos=cast(QosLevel, _choice(annotations, QOS, QOS_LEVELS, DEFAULT_QOS)),
         isolation=cast(IsolationMode, _choice(annotations, ISOLATION, ISOLATION_MODES, DEFAULT_ISOLATION)),
@@ -125,7 +126,7 @@ def gpu_limits_of(pod: Pod) -> GpuLimits:
 def gpu_request_annotations(request: GpuRequest) -> dict[str, str]:
     """`request` written back as the annotations `gpu_request_of` reads it from (canonical text), so that
     `gpu_request_of` of a pod carrying them returns `request`. A compute-percent request is written as
-    `compute-percent-request` and `-limit` (a `GpuRequest` has no percent limit) and no TFLOPS."""
+    `compute-percent-request` (and `-limit` when the request has one) and no TFLOPS."""
     annotations = {
         GPUPOOL: request.pool,
         GPU_COUNT: str(request.gpu_count),
@@ -135,7 +136,9 @@ def gpu_request_annotations(request: GpuRequest) -> dict[str, str]:
         ISOLATION: request.isolation,
     }
     if request.compute_percent_request is not None:
-        annotations[PERCENT_REQUEST] = annotations[PERCENT_LIMIT] = str(request.compute_percent_request)
+        annotations[PERCENT_REQUEST] = str(request.compute_percent_request)
+        if request.compute_percent_limit is not None:
+            annotations[PERCENT_LIMIT] = str(request.compute_percent_limit)
     else:
         annotations[TFLOPS_REQUEST] = format_milli(request.tflops_request_milli)
         annotations[TFLOPS_LIMIT] = format_milli(request.tflops_limit_milli)

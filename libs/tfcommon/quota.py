@@ -46,6 +46,12 @@ class NamespaceQuota:
     total_limits_compute: Fraction | None = None
     max_request_compute: Fraction | None = None
     """Per GPU, in percent; checked against a request made in percent (`compute-percent-request`)."""
+    max_limit_compute: Fraction | None = None
+    """Per GPU, in percent; checked against the limit of a request made in percent."""
+    default_request_compute: int | None = None
+    """A whole percent: the compute a workload naming none asks for when no TFLOPS default is set."""
+    default_limit_compute: int | None = None
+    """A whole percent: the limit of a request in percent that names none."""
     max_gpu_count: int | None = None
     default_request_tflops_milli: int | None = None
     default_request_vram_bytes: int | None = None
@@ -69,17 +75,37 @@ class QuotaRefusal:
     retryable: bool
 
 
+def effective_percent_limit(request: GpuRequest) -> int | None:
+    """The compute limit of a request made in percent (its limit, never below its request); None for a
+    request in TFLOPS."""
+    if request.compute_percent_request is None:
+        return None
+    return max(request.compute_percent_limit or 0, request.compute_percent_request)
+
+
 def with_defaults(quota: NamespaceQuota | None, request: GpuRequest) -> GpuRequest:
-    """`request` with the quota's defaults filled into its zero fields (what the webhook does)."""
+    """`request` with the quota's defaults filled into its zero fields (what the webhook does). Compute
+    that is not named is asked in TFLOPS from `defaultRequests.tflops`, else in percent from
+    `defaultRequests.compute`; then a request in TFLOPS takes `defaultLimits.tflops` into a zero limit
+    and a request in percent with no limit takes `defaultLimits.compute` (never below the request): the
+    two forms are never mixed in one request."""
     if quota is None:
         return request
     changes: dict[str, int] = {}
     percent = request.compute_percent_request is not None
-    if not percent and request.tflops_request_milli == 0 and quota.default_request_tflops_milli:
-        changes["tflops_request_milli"] = quota.default_request_tflops_milli
+    if not percent and request.tflops_request_milli == 0:
+        if quota.default_request_tflops_milli:
+            changes["tflops_request_milli"] = quota.default_request_tflops_milli
+        elif quota.default_request_compute is not None and request.tflops_limit_milli == 0:
+            changes["compute_percent_request"] = quota.default_request_compute
+            percent = True
     if request.vram_request_bytes == 0 and quota.default_request_vram_bytes:
         changes["vram_request_bytes"] = quota.default_request_vram_bytes
-    if request.tflops_limit_milli == 0 and quota.default_limit_tflops_milli:
+    if percent:
+        asked = changes.get("compute_percent_request", request.compute_percent_request) or 0
+        if request.compute_percent_limit is None and quota.default_limit_compute is not None:
+            changes["compute_percent_limit"] = max(quota.default_limit_compute, asked)
+    elif request.tflops_limit_milli == 0 and quota.default_limit_tflops_milli:
         changes["tflops_limit_milli"] = quota.default_limit_tflops_milli
     if request.vram_limit_bytes == 0 and quota.default_limit_vram_bytes:
         changes["vram_limit_bytes"] = quota.default_limit_vram_bytes
@@ -103,13 +129,16 @@ def check_single(quota: NamespaceQuota | None, request: GpuRequest) -> QuotaRefu
                 f"{quota.label}: single.{name} is {show(bound)} per workload, asked {show(asked)}",
                 retryable=False,
             )
-    percent = request.compute_percent_request
-    if quota.max_request_compute is not None and percent is not None and percent > quota.max_request_compute:
-        return QuotaRefusal(
-            f"{quota.label}: single.maxRequests.compute is {format_percent(quota.max_request_compute)}% "
-            f"per workload, asked {percent}%",
-            retryable=False,
-        )
+    for name, asked_percent, percent_bound in (
+        ("maxRequests.compute", request.compute_percent_request, quota.max_request_compute),
+        ("maxLimits.compute", effective_percent_limit(request), quota.max_limit_compute),
+    ):
+        if percent_bound is not None and asked_percent is not None and asked_percent > percent_bound:
+            return QuotaRefusal(
+                f"{quota.label}: single.{name} is {format_percent(percent_bound)}% per workload, "
+                f"asked {asked_percent}%",
+                retryable=False,
+            )
     return None
 
 
@@ -141,6 +170,18 @@ def _compute(section: Mapping[str, Any], path: str) -> Fraction | None:
     except QuantityError as error:
         raise QuotaError(f"{path}.compute: {error}; use a percent of one GPU, e.g. compute: '50'") from error
     return Fraction(milli, 1000)
+
+
+def _whole_percent(section: Mapping[str, Any], path: str) -> int | None:
+    value = _compute(section, path)
+    if value is None:
+        return None
+    if value.denominator != 1 or not 0 <= value <= 100:
+        raise QuotaError(
+            f"{path}.compute: {section.get('compute')!r}; a default is a whole percent of one GPU "
+            "from 0 to 100 (as the compute-percent annotations take), e.g. compute: '25'"
+        )
+    return int(value)
 
 
 def _section(parent: Mapping[str, Any], key: str, path: str) -> Mapping[str, Any]:
@@ -180,6 +221,9 @@ def parse_quota(manifest: Mapping[str, Any]) -> NamespaceQuota:
         total_requests_compute=_compute(requests, "spec.total.requests"),
         total_limits_compute=_compute(limits, "spec.total.limits"),
         max_request_compute=_compute(max_requests, "spec.single.maxRequests"),
+        max_limit_compute=_compute(max_limits, "spec.single.maxLimits"),
+        default_request_compute=_whole_percent(default_requests, "spec.single.defaultRequests"),
+        default_limit_compute=_whole_percent(default_limits, "spec.single.defaultLimits"),
         total_requests_tflops_milli=_quantity(requests, "tflops", "spec.total.requests", parse_milli),
         total_requests_vram_bytes=_quantity(requests, "vram", "spec.total.requests", parse_bytes),
         total_limits_tflops_milli=_quantity(limits, "tflops", "spec.total.limits", parse_milli),

@@ -49,13 +49,10 @@ SUPPORTED: Mapping[CustomResource, frozenset[str]] = {
         {
             "spec.total",  # scheduler: namespace totals, maxWorkers, alertThresholdPercent
             "spec.single.maxRequests",  # scheduler and webhook: per-workload maxima
-            "spec.single.maxLimits.tflops",
-            "spec.single.maxLimits.vram",
+            "spec.single.maxLimits",
             "spec.single.maxGPUCount",
-            "spec.single.defaultRequests.tflops",  # webhook: defaults for a pod that names none
-            "spec.single.defaultRequests.vram",
-            "spec.single.defaultLimits.tflops",
-            "spec.single.defaultLimits.vram",
+            "spec.single.defaultRequests",  # webhook (and scheduler): defaults for a pod that names none
+            "spec.single.defaultLimits",
         }
     ),
 }

@@ -1080,6 +1080,8 @@ class Scheduler:
             tflops_milli=tuple(wanted.tflops_on(gpus[uuid]) for uuid in held.gpu_uuids),
             vram_bytes=tuple(wanted.vram_on(gpus[uuid]) for uuid in held.gpu_uuids),
             policy="defrag-hold",
+            limit_tflops_milli=tuple(wanted.limit_tflops_on(gpus[uuid]) for uuid in held.gpu_uuids),
+            limit_vram_bytes=tuple(wanted.limit_vram_on(gpus[uuid]) for uuid in held.gpu_uuids),
         )
         if quota is not None:
             used = usage_by_namespace(a.record for a in self.active.values()).get(workload.namespace, Usage())
@@ -1767,11 +1769,16 @@ def _reservation(
                 gpu_uuid=gpu_uuid,
                 tflops_milli=tflops,
                 vram_bytes=vram,
-                limit_tflops_milli=max(gpu_request.tflops_limit_milli, tflops),
-                limit_vram_bytes=max(gpu_request.vram_limit_bytes, vram),
+                limit_tflops_milli=max(gpu_request.tflops_limit_milli, tflops, limit_tflops),
+                limit_vram_bytes=max(gpu_request.vram_limit_bytes, vram, limit_vram),
             )
-            for gpu_uuid, tflops, vram in zip(
-                outcome.gpu_uuids, outcome.tflops_milli, outcome.vram_bytes, strict=True
+            for gpu_uuid, tflops, vram, limit_tflops, limit_vram in zip(
+                outcome.gpu_uuids,
+                outcome.tflops_milli,
+                outcome.vram_bytes,
+                outcome.limit_tflops_milli or outcome.tflops_milli,
+                outcome.limit_vram_bytes or outcome.vram_bytes,
+                strict=True,
             )
         ),
         qos=submission.request.qos,

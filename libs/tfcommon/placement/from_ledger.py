@@ -250,6 +250,7 @@ def placement_request(
         qos=request.qos,
         limit_tflops_milli=request.tflops_limit_milli,
         limit_vram_bytes=request.vram_limit_bytes,
+        limit_compute_percent=None if percent is None else max(request.compute_percent_limit or 0, percent),
     )
 
 

@@ -213,7 +213,8 @@ class PlacementRequest:
     (thousandths of each GPU's TFLOPS and VRAM, as trace replays use). `gpu_count` 0 is a CPU-only
     request. `gpu_models` empty means any model; `shared` isolation takes whole idle cards.
     `limit_tflops_milli`/`limit_vram_bytes` are the per-GPU limits (never below what is reserved on
-    the GPU); only a node with a virtual capacity checks them.
+    the GPU), `limit_compute_percent` a limit in percent of each GPU; only a node with a virtual
+    capacity checks them, and the reservation records them.
     """
 
     name: str
@@ -235,6 +236,7 @@ class PlacementRequest:
     qos: str = "medium"
     limit_tflops_milli: int = 0
     limit_vram_bytes: int = 0
+    limit_compute_percent: int | None = None
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -260,6 +262,7 @@ class PlacementRequest:
             self.pool,
             self.limit_tflops_milli,
             self.limit_vram_bytes,
+            self.limit_compute_percent,
         )
 
     @property
@@ -293,8 +296,10 @@ class PlacementRequest:
         return self.vram_bytes
 
     def limit_tflops_on(self, gpu: Gpu) -> int:
-        """Milli-TFLOPS of limit this request holds on `gpu` (its limit, at least what it reserves)."""
-        return max(self.limit_tflops_milli, self.tflops_on(gpu))
+        """Milli-TFLOPS of limit this request holds on `gpu` (its limit, at least what it reserves); a
+        limit in percent is that part of the GPU's TFLOPS (rounded down to a milli-TFLOPS)."""
+        by_percent = (self.limit_compute_percent or 0) * gpu.tflops_milli // 100
+        return max(self.limit_tflops_milli, by_percent, self.tflops_on(gpu))
 
     def limit_vram_on(self, gpu: Gpu) -> int:
         """VRAM bytes of limit this request holds on `gpu` (its limit, at least what it reserves)."""
@@ -334,6 +339,8 @@ def _validate(request: PlacementRequest) -> None:
         raise fail("gpu_count", f"is {request.gpu_count}", f"use 0 (CPU only) to {MAX_GPU_COUNT}")
     if request.gpu_share is not None and not 1 <= request.gpu_share <= WHOLE_GPU_SHARE:
         raise fail("gpu_share", f"is {request.gpu_share}", "use 1..1000 thousandths of a GPU")
+    if request.limit_compute_percent is not None and not 0 <= request.limit_compute_percent <= 100:
+        raise fail("limit_compute_percent", f"is {request.limit_compute_percent}", "use 0..100")
     if request.compute_percent is not None and not 1 <= request.compute_percent <= 100:
         raise fail("compute_percent", f"is {request.compute_percent}", "use 1..100")
     if request.gpu_share is not None and (

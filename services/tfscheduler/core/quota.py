@@ -109,13 +109,23 @@ def demand_of(placement: Placement, request: GpuRequest, capacities: Iterable[in
     """What a placed workload adds to its namespace: the reserved requests (compute percent included,
     as the TFLOPS it reserves) and the limits (never below the request) on every chosen GPU; with the
     chosen GPUs' TFLOPS `capacities` (in placement order), the compute percent too."""
-    limits = [max(request.tflops_limit_milli, t) for t in placement.tflops_milli]
+    limits = [
+        max(request.tflops_limit_milli, t, held)
+        for t, held in zip(
+            placement.tflops_milli, placement.limit_tflops_milli or placement.tflops_milli, strict=True
+        )
+    ]
     sized = list(capacities)
     return Usage(
         requests_tflops_milli=sum(placement.tflops_milli),
         requests_vram_bytes=sum(placement.vram_bytes),
         limits_tflops_milli=sum(limits),
-        limits_vram_bytes=sum(max(request.vram_limit_bytes, v) for v in placement.vram_bytes),
+        limits_vram_bytes=sum(
+            max(request.vram_limit_bytes, v, held)
+            for v, held in zip(
+                placement.vram_bytes, placement.limit_vram_bytes or placement.vram_bytes, strict=True
+            )
+        ),
         workers=1,
         requests_compute=sum(map(_percent, placement.tflops_milli, sized), Fraction(0)),
         limits_compute=sum(map(_percent, limits, sized), Fraction(0)),

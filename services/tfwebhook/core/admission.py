@@ -84,7 +84,7 @@ from tfcommon.quantities import (
     parse_milli,
     parse_quantity,
 )
-from tfcommon.quota import NamespaceQuota, check_single, with_defaults
+from tfcommon.quota import NamespaceQuota, check_single, effective_percent_limit, with_defaults
 from tfcommon.recommendations import Recommendation, workload_key
 
 from tfwebhook.core.autoscale import AUTOSCALE_SOURCE, Sizes, autoscale
@@ -205,6 +205,7 @@ class _Resources:
             vram_request_bytes=self.vram_request,
             vram_limit_bytes=self.vram_limit,
             compute_percent_request=self.percent_request,
+            compute_percent_limit=self.percent_limit,
             **details,
         )
 
@@ -388,6 +389,8 @@ def _within_quota(
         tflops_limit=request.tflops_limit_milli,
         vram_request=request.vram_request_bytes,
         vram_limit=request.vram_limit_bytes,
+        percent_request=request.compute_percent_request,
+        percent_limit=effective_percent_limit(request),
     )
 
 

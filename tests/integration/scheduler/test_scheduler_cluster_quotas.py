@@ -12,6 +12,7 @@ import json
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
@@ -22,12 +23,20 @@ from prometheus_client import REGISTRY, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from scheduler_builders import a_submission, register_nodes
 from tfcommon.bus import NatsEventBus
+from tfcommon.cluster.custom_watch import watch_custom_objects
 from tfcommon.cluster.kubernetes import KubernetesCluster
+from tfcommon.cluster.model import CustomResource
+from tfcommon.config import TfConfig
+from tfcommon.events import GpuRequest, WorkloadRef
 from tfcommon.kube_local import LocalKubernetes
 from tfcommon.ledger.sql import SqlLedger
 from tfcommon.telemetry import setup_telemetry
 from tfscheduler.engine import Scheduler
 from tfscheduler.quota_source import ClusterQuotas, QuotaStatusWriter, follow_quotas
+from tfscheduler.submission import Submission
+from tfwebhook.core.admission import AdmissionContext, Admitted, Denied, admit
+from tfwebhook.quotas import WatchedQuotas
+from tfwebhook.testing import a_pod, opted_in
 
 pytestmark = pytest.mark.integration
 LONG = timedelta(hours=1)
@@ -49,9 +58,9 @@ def kubectl(control_plane: LocalKubernetes, *args: str, stdin: str | None = None
     return result.stdout
 
 
-def quota_object(control_plane: LocalKubernetes) -> dict[str, Any]:
+def quota_object(control_plane: LocalKubernetes, namespace: str = DEV, name: str = DEV) -> dict[str, Any]:
     found: dict[str, Any] = json.loads(
-        kubectl(control_plane, "get", "gpuresourcequota", DEV, "-n", DEV, "-o", "json")
+        kubectl(control_plane, "get", "gpuresourcequota", name, "-n", namespace, "-o", "json")
     )
     return found
 
@@ -65,8 +74,8 @@ async def until(check: Callable[[], bool], *, within_s: float, what: str) -> flo
     return time.monotonic() - started
 
 
-def used(control_plane: LocalKubernetes) -> dict[str, Any]:
-    status = quota_object(control_plane).get("status") or {}
+def used(control_plane: LocalKubernetes, namespace: str = DEV, name: str = DEV) -> dict[str, Any]:
+    status = quota_object(control_plane, namespace, name).get("status") or {}
     return dict(status.get("used") or {})
 
 
@@ -175,3 +184,130 @@ def exposed_value(metric: str, **labels: str) -> float | None:
             if sample.name == metric and labels.items() <= sample.labels.items():
                 return float(sample.value)
     return None
+
+
+COMPUTE_NS = "compute-namespace"
+
+
+def compute_quota_manifest() -> dict[str, Any]:
+    return {
+        "apiVersion": "tensor-fusion.ai/v1",
+        "kind": "GPUResourceQuota",
+        "metadata": {"name": "compute", "namespace": COMPUTE_NS},
+        "spec": {
+            "total": {"limits": {"compute": "100"}},
+            "single": {
+                "maxLimits": {"compute": "50"},
+                "defaultRequests": {"compute": "10", "vram": "1Gi"},
+                "defaultLimits": {"compute": "30", "vram": "1Gi"},
+            },
+        },
+    }
+
+
+def percent_submission(percent: int | None = None, limit: int | None = None) -> Submission:
+    return Submission(
+        workload=WorkloadRef(namespace=COMPUTE_NS, name=f"pod-{uuid.uuid4().hex[:8]}", uid=str(uuid.uuid4())),
+        request=GpuRequest(
+            pool="default",
+            tflops_request_milli=0,
+            tflops_limit_milli=0,
+            vram_request_bytes=0,
+            vram_limit_bytes=0,
+            compute_percent_request=percent,
+            compute_percent_limit=limit,
+        ),
+    )
+
+
+async def test_compute_percent_defaults_and_maximum_are_applied_by_the_webhook_and_the_scheduler(
+    local_kubernetes: LocalKubernetes, ledger: SqlLedger, bus: NatsEventBus
+) -> None:
+    namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": COMPUTE_NS}}
+    kubectl(local_kubernetes, "apply", "-f", "-", stdin=json.dumps(namespace))
+    kubectl(
+        local_kubernetes, "apply", "--validate=strict", "-f", "-", stdin=json.dumps(compute_quota_manifest())
+    )
+    await register_nodes(ledger, nodes=1, gpus=4)
+    scheduler = Scheduler(ledger, bus, heartbeat_timeout=LONG)
+    await scheduler.start()
+    cluster = KubernetesCluster.from_environment(
+        kubeconfig=str(local_kubernetes.kubeconfig), watch_timeout_s=5
+    )
+    quotas = ClusterQuotas(scheduler, file_quotas={})
+    writer = QuotaStatusWriter(quotas, ledger, cluster, interval_s=0.2)
+    admission = WatchedQuotas()
+    stop = asyncio.Event()
+    tasks = [
+        asyncio.create_task(follow_quotas(quotas, cluster, stop)),
+        asyncio.create_task(writer.run(stop)),
+        asyncio.create_task(
+            watch_custom_objects(cluster, CustomResource.GPU_RESOURCE_QUOTA, admission.observe, stop)
+        ),
+    ]
+    try:
+        await until(
+            lambda: COMPUTE_NS in scheduler.quotas and COMPUTE_NS in admission(), within_s=10, what="quota"
+        )
+
+        def admitted(**annotations: str) -> Admitted | Denied:
+            pod = a_pod(labels={"tensor-fusion.ai/enabled": "true"}, annotations=opted_in(**annotations))
+            return admit(pod, AdmissionContext(TfConfig(), COMPUTE_NS, quota=admission()[COMPUTE_NS]))
+
+        named_none = admitted(isolation="soft")
+        assert isinstance(named_none, Admitted), named_none
+        request = named_none.request
+        assert request is not None
+        assert (request.compute_percent_request, request.compute_percent_limit) == (10, 30)
+        over = admitted(compute_percent_request="20", compute_percent_limit="60", vram_request="1Gi")
+        assert isinstance(over, Denied)
+        assert "single.maxLimits.compute is 50% per workload, asked 60%" in over.message
+
+        defaulted = await scheduler.submit(percent_submission())
+        assert defaulted.state == "placed"
+        record = await ledger.get_allocation(defaulted.id)
+        assert record is not None
+        share = record.shares[0]
+        assert (share.tflops_milli, share.limit_tflops_milli) == (10_000, 30_000)  # of a 100-TFLOPS card
+        refused = await scheduler.submit(percent_submission(20, 60))
+        assert (refused.state, refused.reason) == (
+            "refused",
+            f"GPUResourceQuota {COMPUTE_NS}/compute: single.maxLimits.compute is 50% per workload, asked 60%",
+        )
+        await until(
+            lambda: (
+                (used(local_kubernetes, COMPUTE_NS, "compute").get("limits") or {}).get("compute") == "30"
+            ),
+            within_s=WITHIN_S,
+            what="used.limits.compute",
+        )
+        for _ in range(2):
+            assert (await scheduler.submit(percent_submission(20, 30))).state == "placed"
+        waiting = await scheduler.submit(percent_submission(5, 20))
+        assert waiting.state == "pending"
+        assert waiting.reason == (
+            f"GPUResourceQuota {COMPUTE_NS}/compute: total.limits.compute would be 110 of 100 (in use 90); "
+            "waiting for the namespace's usage to fall"
+        )
+
+        edited = time.monotonic()
+        kubectl(
+            local_kubernetes,
+            "patch", "gpuresourcequota", "compute", "-n", COMPUTE_NS, "--type=merge",
+            "-p", json.dumps({"spec": {"single": {"maxLimits": {"compute": "70"}}}}),
+        )  # fmt: skip
+        await until(
+            lambda: (
+                scheduler.quotas[COMPUTE_NS].max_limit_compute == 70
+                and isinstance(admitted(compute_percent_request="5", compute_percent_limit="60"), Admitted)
+            ),
+            within_s=WITHIN_S,
+            what="the maxLimits.compute edit",
+        )
+        took_ms = (time.monotonic() - edited) * 1000
+        print(f"GPUResourceQuota maxLimits.compute edit -> webhook and scheduler: {took_ms:.0f} ms")
+    finally:
+        stop.set()
+        await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), timeout=10)
+        cluster.close()
+        kubectl(local_kubernetes, "delete", "namespace", COMPUTE_NS, "--wait=false")

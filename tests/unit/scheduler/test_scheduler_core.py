@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from fractions import Fraction
 from uuid import uuid4
 
 import pytest
@@ -18,6 +19,7 @@ from tfscheduler.core.quota import (
     check_total,
     demand_of,
     parse_quota,
+    with_defaults,
 )
 from tfscheduler.core.reports import unschedulable_summary
 from tfscheduler.core.view import allocation_id_for, build_snapshot, placement_request
@@ -121,6 +123,62 @@ def test_total_quota_counts_exact_milli_tflops_and_compute_percent() -> None:
     assert refusal.reason.startswith(
         "GPUResourceQuota team-a/team-a: total.requests.tflops would be 60501m of 60500m (in use 501m)"
     )
+
+
+def test_a_compute_percent_limit_counts_exactly_towards_total_limits_compute() -> None:
+    quota = NamespaceQuota("team-a", total_limits_compute=Fraction(100))
+    node = Node("n", 0, 0, gpus=(Gpu("g", 0, "H100", 100_500, 80 * GIB),))
+    request = a_request(tflops=0, percent=20).model_copy(update={"compute_percent_limit": 60})
+    placement = place(placement_request("p", request), [node], policy("tfpool"))
+    assert isinstance(placement, Placement)
+    assert placement.limit_tflops_milli == (60_300,)  # 60 % of 100.5 TFLOPS, to the milli-TFLOPS
+    demand = demand_of(placement, request, [100_500])
+    assert (demand.requests_compute, demand.limits_compute) == (Fraction(20_000, 1005), Fraction(60))
+    assert check_total(quota, Usage(limits_compute=Fraction(40)), demand) is None
+    refusal = check_total(quota, Usage(limits_compute=Fraction(81, 2)), demand)
+    assert refusal is not None
+    assert "total.limits.compute would be 100.5 of 100 (in use 40.5)" in refusal.reason
+
+
+def test_compute_maxima_and_defaults_of_single() -> None:
+    quota = parse_quota(
+        {
+            "kind": "GPUResourceQuota",
+            "metadata": {"name": "q", "namespace": "team-a"},
+            "spec": {
+                "single": {
+                    "maxLimits": {"compute": "50"},
+                    "defaultRequests": {"compute": "10"},
+                    "defaultLimits": {"compute": "30"},
+                }
+            },
+        }
+    )
+    assert (quota.max_limit_compute, quota.default_request_compute, quota.default_limit_compute) == (
+        Fraction(50),
+        10,
+        30,
+    )
+    filled = with_defaults(quota, a_request(tflops=0, vram=GIB))
+    assert (filled.compute_percent_request, filled.compute_percent_limit) == (10, 30)
+    assert filled.tflops_request_milli == 0
+    over = check_single(
+        quota, a_request(tflops=0, percent=20).model_copy(update={"compute_percent_limit": 55})
+    )
+    assert over is not None
+    assert over.reason == "GPUResourceQuota team-a/q: single.maxLimits.compute is 50% per workload, asked 55%"
+    assert check_single(quota, a_request(tflops=0, percent=50)) is None  # no limit: the request, 50
+    assert check_single(quota, a_request(tflops=90_000)) is None  # a TFLOPS limit is not a percent
+    with pytest.raises(
+        QuotaError, match=r"spec\.single\.defaultLimits\.compute: '12\.5'; a default is a whole"
+    ):
+        parse_quota(
+            {
+                "kind": "GPUResourceQuota",
+                "metadata": {"namespace": "a"},
+                "spec": {"single": {"defaultLimits": {"compute": "12.5"}}},
+            }
+        )
 
 
 def test_worker_count_and_single_maxima() -> None:

@@ -43,7 +43,7 @@ def test_nothing_set_in_a_gpunode_spec_is_acted_on_yet() -> None:
     assert unsupported_fields(CustomResource.GPU_NODE, {"costPerHour": "1.2"}) == ("spec.costPerHour",)
 
 
-def test_quota_fields_are_acted_on_except_compute_limits_and_compute_defaults() -> None:
+def test_every_quota_field_is_acted_on_compute_limits_and_compute_defaults_too() -> None:
     quota = {
         "total": {"maxWorkers": 3, "requests": {"compute": "50"}},
         "single": {
@@ -53,10 +53,7 @@ def test_quota_fields_are_acted_on_except_compute_limits_and_compute_defaults() 
             "defaultRequests": {"tflops": "1", "compute": "5"},
         },
     }
-    assert unsupported_fields(CustomResource.GPU_RESOURCE_QUOTA, quota) == (
-        "spec.single.defaultRequests.compute",
-        "spec.single.maxLimits.compute",
-    )
+    assert unsupported_fields(CustomResource.GPU_RESOURCE_QUOTA, quota) == ()
 
 
 def test_condition_is_false_when_every_field_is_acted_on() -> None:

@@ -68,3 +68,53 @@ def test_a_pod_over_a_single_maximum_is_denied_naming_the_limit() -> None:
     too_many = decide(opted_in(tflops_request="1", vram_request="1Gi", gpu_count="3"), sample_quota())
     assert isinstance(too_many, Denied)
     assert "single.maxGPUCount is 2 per workload, asked 3" in too_many.message
+
+
+def compute_quota(**single: Any) -> NamespaceQuota:
+    return parse_quota(
+        {
+            "kind": "GPUResourceQuota",
+            "metadata": {"name": "compute", "namespace": DEV},
+            "spec": {"single": single},
+        }
+    )
+
+
+def test_a_pod_naming_no_compute_gets_the_compute_percent_defaults() -> None:
+    quota = compute_quota(
+        defaultRequests={"compute": "10", "vram": "1Gi"}, defaultLimits={"compute": "40", "vram": "2Gi"}
+    )
+    annotations = annotations_after(opted_in(isolation="soft"), quota)
+    assert annotations[f"{T}compute-percent-request"] == "10"
+    assert annotations[f"{T}compute-percent-limit"] == "40"
+    assert f"{T}tflops-request" not in annotations
+    own_request = annotations_after(opted_in(compute_percent_request="20", vram_request="1Gi"), quota)
+    assert own_request[f"{T}compute-percent-limit"] == "20"  # the pod's limit is its request, as for TFLOPS
+
+
+def test_a_tflops_default_wins_and_compute_defaults_never_mix_into_a_tflops_pod() -> None:
+    quota = compute_quota(
+        defaultRequests={"tflops": "1", "compute": "10"}, defaultLimits={"tflops": "2", "compute": "40"}
+    )
+    annotations = annotations_after(opted_in(isolation="soft", vram_request="1Gi"), quota)
+    assert (annotations[f"{T}tflops-request"], annotations[f"{T}tflops-limit"]) == ("1", "2")
+    assert f"{T}compute-percent-limit" not in annotations
+    percent = annotations_after(opted_in(compute_percent_request="30", vram_request="1Gi"), quota)
+    assert f"{T}tflops-limit" not in percent
+
+
+def test_a_pod_over_the_compute_limit_maximum_is_denied_naming_it() -> None:
+    quota = compute_quota(maxLimits={"compute": "50"})
+    verdict = decide(
+        opted_in(compute_percent_request="20", compute_percent_limit="60", vram_request="1Gi"), quota
+    )
+    assert isinstance(verdict, Denied)
+    assert verdict.message == (
+        f"GPUResourceQuota {DEV}/compute: single.maxLimits.compute is 50% per workload, asked 60%; "
+        "ask for at most that, or raise the quota"
+    )
+    within = opted_in(compute_percent_request="20", compute_percent_limit="50", vram_request="1Gi")
+    assert isinstance(decide(within, quota), Admitted)
+    defaulted_over = compute_quota(maxLimits={"compute": "30"}, defaultLimits={"compute": "40"})
+    verdict = decide(opted_in(compute_percent_request="20", vram_request="1Gi"), defaulted_over)
+    assert isinstance(verdict, Admitted), "the pod's own limit (its request) is not the default"
