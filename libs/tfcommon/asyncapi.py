@@ -17,7 +17,7 @@ from pydantic import BaseModel
 from pydantic.json_schema import GenerateJsonSchema, JsonSchemaMode, JsonSchemaValue, models_json_schema
 from pydantic_core import core_schema
 
-from tfcommon import events, node_allocations, subjects
+from tfcommon import deadletter, events, node_allocations, subjects
 from tfcommon.catalogue import filter_matches, render_catalogue, stream_of
 from tfcommon.events import Command, FromNodeCommand, Message, NodeCommand
 from tfcommon.subjects import ConsumerSpec
@@ -261,6 +261,75 @@ def _request_operations() -> dict[str, Any]:
     }
 
 
+DEAD_LETTER_CHANNEL = subjects.DEADLETTER_PREFIX
+DEAD_LETTER_MESSAGE = "DeadLetter"
+
+
+def _dead_letter_channels() -> dict[str, Any]:
+    return {
+        DEAD_LETTER_CHANNEL: {
+            "address": f"{DEAD_LETTER_CHANNEL}.{{service}}.{{consumer}}",
+            "title": DEAD_LETTER_MESSAGE,
+            "description": (
+                f"Stream {subjects.DEADLETTER_STREAM}: what a durable consumer gave up (its payload could "
+                "not be read, or its handler failed max_deliver times), copied before it was terminated; "
+                "`tfctl deadletters` lists, replays (on the original subject, with the original event id) "
+                "and discards them."
+            ),
+            "messages": {DEAD_LETTER_MESSAGE: {"$ref": f"#/components/messages/{DEAD_LETTER_MESSAGE}"}},
+            "parameters": {
+                "service": {"description": "the service whose consumer gave the message up"},
+                "consumer": {"description": "the durable consumer's name"},
+            },
+        }
+    }
+
+
+def _dead_letter_messages() -> dict[str, Any]:
+    return {
+        DEAD_LETTER_MESSAGE: {
+            "name": DEAD_LETTER_MESSAGE,
+            "title": DEAD_LETTER_MESSAGE,
+            "summary": "A message a durable consumer gave up, with why",
+            "description": "The original payload and headers, unchanged, plus the Tf-Dlq-* headers.",
+            "headers": {
+                "type": "object",
+                "required": [header for header, _ in deadletter.HEADERS],
+                "properties": {
+                    header: {"type": "string", "description": meaning}
+                    for header, meaning in deadletter.HEADERS
+                },
+            },
+            "payload": {"description": "the original message's payload (a poison one may not be JSON)"},
+            "tags": [{"name": "dead-letter"}],
+        }
+    }
+
+
+def _dead_letter_operations() -> dict[str, Any]:
+    channel = {"$ref": f"#/channels/{DEAD_LETTER_CHANNEL}"}
+    messages = [{"$ref": f"#/channels/{DEAD_LETTER_CHANNEL}/messages/{DEAD_LETTER_MESSAGE}"}]
+    services = sorted({spec.service for spec in subjects.CONSUMERS} | {subjects.PER_NODE_SERVICE})
+    operations: dict[str, Any] = {
+        f"{service}.send.{DEAD_LETTER_MESSAGE}": {
+            "action": "send",
+            "channel": channel,
+            "messages": messages,
+            "summary": f"the durable consumers of {service} copy what they give up",
+            "tags": [{"name": service}],
+        }
+        for service in services
+    }
+    operations[f"tfctl.receive.{DEAD_LETTER_MESSAGE}"] = {
+        "action": "receive",
+        "channel": channel,
+        "messages": messages,
+        "summary": "tfctl deadletters lists, replays and discards them (by stream sequence)",
+        "tags": [{"name": "tfctl"}],
+    }
+    return operations
+
+
 def _message(message_type: type[Message]) -> dict[str, Any]:
     name = message_type.__name__
     kind = "command" if issubclass(message_type, Command) else "event"
@@ -313,7 +382,7 @@ def _escape_pointer(token: str) -> str:
 def asyncapi_document() -> dict[str, Any]:
     """The AsyncAPI 3.0 document of every message, channel and producing or consuming service."""
     message_types = list(events.MESSAGE_TYPES.values())
-    operations: dict[str, Any] = _request_operations()
+    operations: dict[str, Any] = _request_operations() | _dead_letter_operations()
     for cls in message_types:
         operations.update(_operations(cls))
     return {
@@ -336,12 +405,14 @@ def asyncapi_document() -> dict[str, Any]:
         "channels": {
             **{channel_id(cls): _channel(cls) for cls in message_types},
             **_request_channels(),
+            **_dead_letter_channels(),
         },
         "operations": dict(sorted(operations.items())),
         "components": {
             "messages": {
                 **{cls.__name__: _message(cls) for cls in message_types},
                 **_request_messages(),
+                **_dead_letter_messages(),
             },
             "schemas": _component_schemas(),
         },

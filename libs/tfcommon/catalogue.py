@@ -16,7 +16,7 @@ from annotated_types import Ge, Gt, Le, MaxLen, MinLen
 from pydantic import BaseModel, StringConstraints
 from pydantic.fields import FieldInfo
 
-from tfcommon import events, node_allocations, subjects
+from tfcommon import deadletter, events, node_allocations, subjects
 from tfcommon.events import Command, FromNodeCommand, Message, NodeCommand
 from tfcommon.subjects import ConsumerSpec
 
@@ -175,8 +175,8 @@ def _stream_section() -> Iterator[str]:
     yield ""
     yield "| stream | subjects | retention | storage | duplicate window | max age | description |"
     yield "|---|---|---|---|---|---|---|"
-    for stream in subjects.STREAMS:
-        max_age = f"{stream.max_age_s:g} s" if stream.max_age_s else "unlimited"
+    for stream in (*subjects.STREAMS, subjects.DEADLETTER):
+        max_age = f"{stream.max_age_s:.10g} s" if stream.max_age_s else "unlimited"
         yield (
             f"| `{stream.name}` | {', '.join(f'`{s}`' for s in stream.subjects)} | {stream.retention} "
             f"| {stream.storage} | {stream.duplicate_window_s:g} s | {max_age} | {stream.description} |"
@@ -230,6 +230,7 @@ def render_catalogue() -> str:
     for cls in order:
         lines += _message_section(cls)
     lines += _request_section()
+    lines += _dead_letter_section()
     lines += ["## Shared types", ""]
     for model in _nested_models(message_types):
         lines += [f"### {model.__name__}", "", _doc(model), "", *_field_rows(model.model_fields), ""]
@@ -270,6 +271,27 @@ def _request_section() -> Iterator[str]:
         yield _doc(model)
         yield ""
         yield from _field_rows(model.model_fields)
+    yield ""
+
+
+def _dead_letter_section() -> Iterator[str]:
+    yield "## Dead letters"
+    yield ""
+    yield (
+        f"A durable consumer gives a message up when its payload cannot be read or its handler failed "
+        f"`max deliver` times; it first copies it to `{subjects.DEADLETTER_STREAM}` on "
+        f"`{subjects.DEADLETTER_PREFIX}.<service>.<consumer>` (the original payload and headers, plus the "
+        "headers below), then terminates it. A copy the stream does not take leaves the message to be "
+        "delivered and copied again (the server never gives a message up itself). `tfctl deadletters list` "
+        "shows them; `replay ID` publishes one again on its subject with its event id (new `Nats-Msg-Id` "
+        "`<event id>:replay:<ID>`) and removes it; `discard ID` removes it. "
+        "`tf_consumer_dead_letters_total{service, consumer, reason}` counts them."
+    )
+    yield ""
+    yield "| header | value |"
+    yield "|---|---|"
+    for header, meaning in deadletter.HEADERS:
+        yield f"| `{header}` | {meaning} |"
     yield ""
 
 

@@ -3,10 +3,13 @@
 Outcome -> action, per message:
 - decoded, handled, returned messages published -> `ack` (last, so a crash before it redelivers and the
   idempotent handler's events are dropped as duplicates by their message ids);
-- payload fails validation (poison) -> `term`, never redelivered;
+- payload fails validation (poison) -> dead-lettered, then `term` ("terminated"), never redelivered;
 - `TransientError` or a connection error -> `nak(delay)` with the consumer's backoff; after
-  `max_deliver` deliveries -> `term` ("exhausted");
+  `max_deliver` deliveries -> dead-lettered, then `term` ("exhausted");
 - any other exception -> logged with its traceback, then treated as transient (bounded by `max_deliver`).
+Dead-lettered: copied to `TF_DEADLETTER` with why (`tfcommon.deadletter`), counted in
+`tf_consumer_dead_letters_total`; a copy JetStream did not take leaves the message unterminated and
+nakked ("dead-letter-failed"), so it is delivered and copied again later, never lost silently.
 While a handler runs, `in_progress()` is sent every third of the ack wait so long work is not redelivered.
 Setting the stop event (SIGTERM) stops fetching; messages already fetched are finished, then it returns.
 One structured log line per message. Handlers do the I/O of their service; this loop does the bus's.
@@ -19,15 +22,18 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from datetime import UTC, datetime
 
 import nats.errors
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from opentelemetry import trace
 
+from tfcommon import subjects
 from tfcommon.bus import EventBus
+from tfcommon.deadletter import DeadLetterReason, dead_letter_headers, dead_letter_subject
 from tfcommon.events import InvalidPayloadError, Message, UnknownSubjectError, decode
-from tfcommon.service_metrics import record_consumed
+from tfcommon.service_metrics import record_consumed, record_dead_letter
 from tfcommon.subjects import ConsumerSpec
 from tfcommon.telemetry import extract_trace_context
 
@@ -44,6 +50,17 @@ DEFAULT_TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
 
 _log = logging.getLogger("tfcommon.consumer")
 _tracer = trace.get_tracer("tfcommon.consumer")
+DEAD_LETTER_TIMEOUT_S = 5.0
+
+
+def metric_consumer(spec: ConsumerSpec) -> str:
+    """`spec.durable`, but a node agent's per-node durable without its node (`node-agent-run-commands`):
+    metric labels stay bounded however many nodes there are."""
+    for factory in subjects.PER_NODE_CONSUMERS:
+        kind = factory("x").durable.removesuffix("-x")
+        if spec.durable.startswith(f"{kind}-") and spec.service == subjects.PER_NODE_SERVICE:
+            return kind
+    return spec.durable
 
 
 class TransientError(Exception):
@@ -67,11 +84,13 @@ class _Processor:
         bus: EventBus,
         service: str,
         transient_errors: tuple[type[BaseException], ...],
+        js: JetStreamContext,
     ) -> None:
         self.spec = spec
         self.handler = handler
         self.bus = bus
         self.service = service
+        self.js = js
         self.transient_errors: tuple[type[BaseException], ...] = (TransientError, *transient_errors)
 
     async def process(self, msg: Msg) -> str:
@@ -105,9 +124,8 @@ class _Processor:
         try:
             message = decode(msg.subject, msg.data)
         except (UnknownSubjectError, InvalidPayloadError) as error:
-            await msg.term()
             fields["cause_detail"] = str(error)
-            return "terminated", logging.ERROR, None
+            return await self._give_up(msg, fields, "poison", str(error), None)
         fields["event_id"] = str(message.event_id)
         fields["cause"] = str(message.cause) if message.cause else None
         try:
@@ -143,12 +161,49 @@ class _Processor:
         fields["cause_detail"] = f"{type(error).__name__}: {error}"
         delivered = msg.metadata.num_delivered
         if delivered >= self.spec.max_deliver:
-            await msg.term()
-            return "exhausted", logging.ERROR, error if with_traceback else None
+            cause = str(fields["cause_detail"])
+            return await self._give_up(msg, fields, "exhausted", cause, error if with_traceback else None)
         delay = self.spec.redelivery_delay_s(delivered)
         fields["retry_in_s"] = delay
         await msg.nak(delay=delay)
         return "retry", level, error if with_traceback else None
+
+    async def _give_up(
+        self,
+        msg: Msg,
+        fields: dict[str, object],
+        reason: DeadLetterReason,
+        detail: str,
+        error: BaseException | None,
+    ) -> tuple[str, int, BaseException | None]:
+        """Copy the message to the dead-letter stream, then terminate it; if the copy fails, nak it so
+        that it is delivered (and copied) again."""
+        metadata = msg.metadata
+        subject = dead_letter_subject(self.spec.service or self.service, self.spec.durable)
+        headers = dead_letter_headers(
+            dict(msg.headers or {}),
+            stream=metadata.stream,
+            subject=msg.subject,
+            sequence=metadata.sequence.stream,
+            consumer=self.spec.durable,
+            reason=reason,
+            detail=detail,
+            deliveries=metadata.num_delivered,
+            at=datetime.now(UTC),
+        )
+        try:
+            ack = await self.js.publish(subject, msg.data, headers=headers, timeout=DEAD_LETTER_TIMEOUT_S)
+        except (nats.errors.Error, ConnectionError, TimeoutError) as failure:
+            fields["dead_letter_error"] = f"{type(failure).__name__}: {failure}"
+            delay = self.spec.redelivery_delay_s(metadata.num_delivered)
+            fields["retry_in_s"] = delay
+            await msg.nak(delay=delay)
+            return "dead-letter-failed", logging.ERROR, error
+        fields["dead_letter"] = ack.seq
+        fields["dead_letter_subject"] = subject
+        await msg.term()
+        record_dead_letter(self.service, metric_consumer(self.spec), reason)
+        return ("terminated" if reason == "poison" else "exhausted"), logging.ERROR, error
 
 
 async def run_pull_consumer(
@@ -174,7 +229,7 @@ async def run_pull_consumer(
     when its own handler returns, and stopping waits for those in hand.
     """
     subscription = await js.pull_subscribe_bind(durable=spec.durable, stream=spec.stream)
-    processor = _Processor(spec, handler, bus, service, transient_errors)
+    processor = _Processor(spec, handler, bus, service, transient_errors, js)
     _log.info("consuming", extra={"consumer": spec.durable, "stream": spec.stream, "outcome": "started"})
     handling: set[asyncio.Task[str]] = set()
     try:

@@ -12,6 +12,9 @@ the global meter, so importing this module opens nothing and records nothing.
 - `tf_consumer_redeliveries_total`: `service`, `consumer`;
 - `tf_consumer_pending_messages` (gauge, the consumer's lag): messages still waiting after the last
   one fetched, per `service` and `consumer`;
+- `tf_consumer_dead_letters_total`: `service`, `consumer` (a node agent's per-node durables without
+  their node, so the labels stay bounded), `reason` (`poison`, `exhausted`): messages given up and
+  copied to `TF_DEADLETTER`;
 - `tf_ledger_retries_total`: `operation` (a transaction Postgres aborted and the ledger tried again).
 """
 
@@ -81,6 +84,13 @@ def _redeliveries() -> Counter:
 
 
 @cache
+def _dead_letters() -> Counter:
+    return _meter().create_counter(
+        "tf_consumer_dead_letters", description="messages given up and copied to TF_DEADLETTER"
+    )
+
+
+@cache
 def _ledger_retries() -> Counter:
     return _meter().create_counter("tf_ledger_retries", description="ledger transactions retried")
 
@@ -109,6 +119,11 @@ def record_consumed(service: str, consumer: str, outcome: str, delivery: int, pe
         _redeliveries().add(1, labels)
     _pending_gauge()
     _pending[(service, consumer)] = pending
+
+
+def record_dead_letter(service: str, consumer: str, reason: str) -> None:
+    """One message a consumer gave up and copied to the dead-letter stream (`consumer`: bounded)."""
+    _dead_letters().add(1, {"service": service, "consumer": consumer, "reason": reason})
 
 
 def record_ledger_retry(operation: str) -> None:

@@ -38,6 +38,10 @@ EVENTS_STREAM = "TF_EVENTS"
 COMMANDS_STREAM = "TF_COMMANDS"
 ALL_EVENTS = "tf.evt.>"
 ALL_COMMANDS = "tf.cmd.>"
+DEADLETTER_STREAM = "TF_DEADLETTER"
+DEADLETTER_PREFIX = "tf.dlq"
+"""What a durable consumer gives up goes to `TF_DEADLETTER` on `tf.dlq.<service>.<consumer>`
+(`DEADLETTER`, `tfcommon.deadletter`)."""
 
 POD_ADMITTED = events.PodAdmitted.subject
 WORKLOAD_SUBMITTED = events.WorkloadSubmitted.subject
@@ -85,6 +89,8 @@ class StreamSpec:
     duplicate_window_s: float = 120.0
     max_age_s: float = 0.0
     storage: Literal["file", "memory"] = "file"
+    max_bytes: int = -1
+    """The most the stream keeps (-1: no limit); past it the oldest messages are dropped."""
 
     def config(self, replicas: int = 1) -> StreamConfig:
         """The server-side configuration, with the stream kept on `replicas` servers."""
@@ -97,6 +103,7 @@ class StreamSpec:
             storage=StorageType(self.storage),
             duplicate_window=self.duplicate_window_s,
             max_age=self.max_age_s,
+            max_bytes=self.max_bytes,
         )
 
 
@@ -105,7 +112,9 @@ class ConsumerSpec:
     """A durable pull consumer `<service>-<handler>` with explicit acks.
 
     `backoff_s[n]` is the delay before delivery n+2 (after a nak or an ack timeout); the last value
-    repeats. After `max_deliver` deliveries the message is given up (logged, never retried again).
+    repeats. After `max_deliver` deliveries the consumer loop gives the message up: it copies it to
+    `TF_DEADLETTER` and terminates it (`tfcommon.deadletter`). The server itself never gives a message
+    up (its `max_deliver` is -1), so one that could not be copied yet is delivered again and copied then.
     With a backoff, JetStream uses `backoff_s[n-1]` as the ack wait of delivery n and ignores
     `ack_wait_s`; a handler still working sends `in_progress()` within `effective_ack_wait_s`.
     """
@@ -130,8 +139,9 @@ class ConsumerSpec:
             ack_policy=AckPolicy.EXPLICIT,
             deliver_policy=DeliverPolicy(self.deliver_policy),
             ack_wait=self.ack_wait_s,
-            max_deliver=self.max_deliver,
-            # JetStream requires max_deliver > len(backoff); beyond the list the last value repeats.
+            # The consumer loop gives up after `max_deliver` (dead-lettered); JetStream never does.
+            max_deliver=-1,
+            # Beyond the list the last value repeats (and a bounded max_deliver must exceed its length).
             backoff=list(self.backoff_s[: self.max_deliver - 1]) or None,
             filter_subject=self.filter_subjects[0] if single else None,
             filter_subjects=None if single else list(self.filter_subjects),
@@ -164,6 +174,19 @@ COMMANDS = StreamSpec(
     description="Commands for exactly one service; removed once acknowledged",
 )
 STREAMS: tuple[StreamSpec, ...] = (EVENTS, COMMANDS)
+DEADLETTER = StreamSpec(
+    name=DEADLETTER_STREAM,
+    subjects=(f"{DEADLETTER_PREFIX}.>",),
+    retention="limits",
+    description=(
+        "Messages a durable consumer gave up (poison, or max_deliver exhausted), with why, until replayed "
+        "or discarded (tfctl deadletters); kept 30 days and at most 64 MiB, the oldest dropped first"
+    ),
+    max_age_s=30 * 24 * 3600.0,
+    max_bytes=64 * 1024 * 1024,
+)
+"""Provisioned with the services' durable consumers (`provision`), not with `STREAMS`: a node agent's
+NATS grant (the auth callout) may create only `TF_EVENTS` and `TF_COMMANDS`."""
 
 SCHEDULER_SCHEDULE_WORKLOAD = ConsumerSpec(
     stream=EVENTS_STREAM,
@@ -383,13 +406,17 @@ async def provision(
     consumers: Iterable[ConsumerSpec] = CONSUMERS,
     replicas: int = 1,
 ) -> None:
-    """Create or update the streams, then the durable consumers; idempotent, applies changed config.
+    """Create or update the streams, then the durable consumers, and with any consumer but a node
+    agent's the dead-letter stream (`DEADLETTER`) they write to; idempotent, applies changed config.
 
     The defaults create everything (a single trusted user, tests); a service passes
     `consumers=consumers_of(service)`, since its NATS user may create only its own durables, and
     `replicas` from `TF_NATS_STREAM_REPLICAS` (new streams get that many; none loses any).
     """
+    consumers = tuple(consumers)
     for stream in streams:
         await provision_stream(js, stream, replicas)
+    if any(consumer.service != PER_NODE_SERVICE for consumer in consumers):
+        await provision_stream(js, DEADLETTER, replicas)
     for consumer in consumers:
         await provision_consumer(js, consumer)

@@ -44,6 +44,7 @@ from sqlalchemy.pool import NullPool
 from tfcommon import pod_spec, subjects
 from tfcommon.bus import NatsEventBus, cloudevent_headers
 from tfcommon.config import TfConfig
+from tfcommon.deadletter import discard_dead_letter, list_dead_letters
 from tfcommon.events import StartDefragCampaign, WorkloadRef
 from tfcommon.infra import EmbeddedNats, EmbeddedPostgres, die_with_parent
 from tfcommon.ledger import tables
@@ -69,6 +70,7 @@ from tfctl.fault_checks import (
     check_submissions,
     check_views_agree,
 )
+from tfctl.fault_deadletters import StalledConsumer
 from tfctl.fault_network import NetworkCell
 from tfctl.history_check import (
     BillPeriod,
@@ -549,6 +551,11 @@ class Chaos:
     backends_terminated: int = 0
     poison_published: int = 0
     poison_terminated: int = 0
+    poison_dead_lettered: int = 0
+    """Dead letters (reason `poison`) the consumers left for the poison messages, each then discarded."""
+    stalled_dead_lettered: int = 0
+    stalled_replayed: int = 0
+    """Dead letters of the consumer stalled past `max_deliver`, and those replayed (`fault_deadletters`)."""
     defrag_requests: int = 0
     evictions: dict[str, int] = field(default_factory=dict)
     """`tf.evt.pod.evicted` in the stream at the end, by what evicted (defrag, preemption)."""
@@ -658,19 +665,26 @@ async def republish_after_window(stack: FaultStack, chaos: Chaos) -> None:
 
 async def publish_poison(stack: FaultStack, chaos: Chaos) -> None:
     """A malformed message on each subject the allocation consumers read; every consumer must end it
-    (JetStream's `MSG_TERMINATED` advisory, counted) and go on with the next message."""
+    (JetStream's `MSG_TERMINATED` advisory, counted), dead-letter it (counted) and go on with the next
+    message. The poison dead letters are then discarded, as an operator would (`tfctl deadletters
+    discard`): replayed, they would only be dead-lettered again."""
     connection_ = await _nats(stack)
     try:
         advisories = await connection_.subscribe(TERMINATED_ADVISORIES)
         js = connection_.jetstream()
-        for subject in POISON_SUBJECTS:
-            await js.publish(subject, b"{not json", headers={"Nats-Msg-Id": f"poison-{uuid4()}"})
+        sent = {f"poison-{uuid4()}" for _ in POISON_SUBJECTS}
+        for subject, message_id in zip(POISON_SUBJECTS, sorted(sent), strict=True):
+            await js.publish(subject, b"{not json", headers={"Nats-Msg-Id": message_id})
             chaos.poison_published += 1
         deadline = time.monotonic() + 5.0
         while time.monotonic() < deadline:
             with contextlib.suppress(TimeoutError):
                 await advisories.next_msg(timeout=max(deadline - time.monotonic(), 0.01))
                 chaos.poison_terminated += 1
+        for letter in await list_dead_letters(js):
+            if letter.event_id in sent and letter.reason == "poison":
+                chaos.poison_dead_lettered += 1
+                await discard_dead_letter(js, letter.sequence)
     finally:
         await connection_.close()
 
@@ -709,10 +723,11 @@ def _fill(path: Path) -> None:
             sink.write(chunk)
 
 
-def fault_plan(stack: FaultStack, chaos: Chaos) -> list[Fault]:
+def fault_plan(stack: FaultStack, chaos: Chaos, consumer: StalledConsumer | None = None) -> list[Fault]:
     """Every fault once, in this order: SIGKILL each service, restart NATS, restart Postgres, pause
-    the scheduler and a node agent, `pg_terminate_backend`, a republish after the duplicate window, a
-    poison message, (when the store could be mounted) a full JetStream disk, (when the last node agent
+    the scheduler and a node agent, `pg_terminate_backend`, a republish after the duplicate window, a poison
+    message, (with `consumer`) a consumer stalled past `max_deliver`, then reconciled, (when the store
+    could be mounted) a full JetStream disk, (when the last node agent
     runs in its own network namespace) a partition and a slow link between it and everything, then
     two pairs at once:
     SIGKILL the scheduler while backends are terminated, restart NATS while the planner is killed."""
@@ -749,6 +764,11 @@ def fault_plan(stack: FaultStack, chaos: Chaos) -> list[Fault]:
     plan.append(with_chaos("pg_terminate_backend", terminate_backends))
     plan.append(with_chaos("republish after duplicate window", republish_after_window))
     plan.append(with_chaos("poison message", publish_poison))
+    if consumer is not None:
+        stalled = consumer
+        plan.append(
+            with_chaos("stalled consumer", lambda stack, chaos: stall_consumer(stack, chaos, stalled))
+        )
     if "disk full" not in chaos.not_run:
         plan.append(with_chaos("disk full", fill_disk))
     cell = stack.cell
@@ -759,6 +779,18 @@ def fault_plan(stack: FaultStack, chaos: Chaos) -> list[Fault]:
     plan.append(overlapping(kill("scheduler"), with_chaos("pg_terminate_backend", terminate_backends)))
     plan.append(overlapping(Fault("restart nats", FaultStack.restart_nats), kill("defrag-planner")))
     return plan
+
+
+async def stall_consumer(stack: FaultStack, chaos: Chaos, consumer: StalledConsumer) -> None:
+    """The campaign's consumer stalled past `max_deliver`, then its dead letters replayed."""
+    connection_ = await _nats(stack)
+    try:
+        before = (consumer.dead_lettered, consumer.replayed)
+        await consumer.stall(connection_.jetstream(timeout=5))
+        chaos.stalled_dead_lettered += consumer.dead_lettered - before[0]
+        chaos.stalled_replayed += consumer.replayed - before[1]
+    finally:
+        await connection_.close()
 
 
 def overlapping(*faults: Fault) -> Fault:
@@ -817,11 +849,14 @@ async def _campaign(duration_s: float, seed: int, state_dir: Path) -> CampaignRe
         log.info("stack ready in %s", state_dir)
         started_at = datetime.now(UTC)
         generator = Generator(stack.scheduler_url, random.Random(seed), stack.children["webhook"].child.url)
-        stop_load, stop_supervisor = asyncio.Event(), asyncio.Event()
+        stop_load, stop_supervisor, stop_consumer = asyncio.Event(), asyncio.Event(), asyncio.Event()
         supervisor = asyncio.create_task(stack.supervise(stop_supervisor))
+        consumer, consumer_ready = StalledConsumer(), asyncio.Event()
+        consuming = asyncio.create_task(consumer.run(stack.nats.url, stop_consumer, consumer_ready))
+        await asyncio.wait_for(consumer_ready.wait(), SETTLE_TIMEOUT_S)
         load = asyncio.create_task(generator.run(stop_load))
         defrag = asyncio.create_task(_request_defrag(stack, stop_load, chaos))
-        await _inject_faults(stack, duration_s, chaos)
+        await _inject_faults(stack, duration_s, chaos, consumer)
         stop_load.set()
         await asyncio.gather(load, defrag)
         log.info("load stopped after %d operations; settling", len(generator.operations))
@@ -836,6 +871,9 @@ async def _campaign(duration_s: float, seed: int, state_dir: Path) -> CampaignRe
         finally:
             await engine.dispose()
         violations["views agree within 10 s"] = view_violations
+        violations["dead letters reconciled, none lost"] = await _unreconciled(stack, consumer)
+        stop_consumer.set()
+        await consuming
         (state_dir / "operations.json").write_text(
             json.dumps([asdict(operation) for operation in generator.operations], default=str, indent=1)
         )
@@ -867,8 +905,20 @@ async def _campaign(duration_s: float, seed: int, state_dir: Path) -> CampaignRe
             )
 
 
-async def _inject_faults(stack: FaultStack, duration_s: float, chaos: Chaos) -> None:
-    plan = fault_plan(stack, chaos)
+async def _unreconciled(stack: FaultStack, consumer: StalledConsumer) -> list[str]:
+    """The stalled consumer's dead letters left, and its subject's messages it never handled."""
+    connection_ = await _nats(stack)
+    try:
+        js = connection_.jetstream(timeout=5)
+        return await consumer.unreconciled(js, await read_stream_events(js, subjects.POD_ADMITTED))
+    finally:
+        await connection_.close()
+
+
+async def _inject_faults(
+    stack: FaultStack, duration_s: float, chaos: Chaos, consumer: StalledConsumer | None = None
+) -> None:
+    plan = fault_plan(stack, chaos, consumer)
     gap_s = max(duration_s / (len(plan) + 1), 0.5)
     deadline = time.monotonic() + duration_s
     index = 0

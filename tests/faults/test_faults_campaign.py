@@ -1,10 +1,11 @@
 """A bounded fault campaign on the local stack: nothing acknowledged is lost, doubled or misbilled.
 
 One campaign (about two minutes on two cores) runs under load through the webhook and the scheduler,
-with defrag campaigns, while every service is SIGKILLed and restarted, NATS and Postgres restart, the
-scheduler and a node agent are paused past their timeouts, backends are terminated, events are
-republished after the duplicate window, a poison message is sent and (as root) the JetStream disk
-fills and a node agent is partitioned and slowed; each test then asserts one invariant of its report
+with defrag campaigns and preemptions, while every service is SIGKILLed and restarted, NATS and
+Postgres restart, the scheduler and a node agent are paused past their timeouts, backends are terminated, events are
+republished after the duplicate window, a poison message is sent, a consumer stalls past
+`max_deliver` (dead-lettered, then replayed) and (as root) the JetStream disk fills and a node agent
+is partitioned and slowed; each test then asserts one invariant of its report
 or one of the history checker's figures. `make bench` runs a longer one.
 """
 
@@ -86,6 +87,21 @@ def test_the_load_preempts_and_every_preempted_workload_was_announced_and_recrea
     assert report["chaos"]["evictions"].get("preemption", 0) > 0
 
 
+def test_a_consumer_stalled_past_max_deliver_is_dead_lettered_and_reconciled_losing_nothing(
+    report: dict[str, Any],
+) -> None:
+    chaos = report["chaos"]
+    assert chaos["stalled_dead_lettered"] > 0, "the stall outlasted no message's max_deliver"
+    assert chaos["stalled_replayed"] == chaos["stalled_dead_lettered"]
+    assert report["violations"]["dead letters reconciled, none lost"] == []
+
+
+def test_every_poison_message_is_dead_lettered_by_the_consumers_that_ended_it(report: dict[str, Any]) -> None:
+    chaos = report["chaos"]
+    assert chaos["poison_dead_lettered"] >= chaos["poison_published"]
+    assert chaos["poison_dead_lettered"] >= chaos["poison_terminated"]
+
+
 def test_the_history_checker_finds_nothing_lost_doubled_phantom_or_misbilled(report: dict[str, Any]) -> None:
     examples = report["figures"]["examples"]
     assert report["acknowledged_operations"] >= 50
@@ -97,7 +113,7 @@ def test_the_history_checker_finds_nothing_lost_doubled_phantom_or_misbilled(rep
 def test_the_campaign_injected_every_kind_of_fault_real_on_this_machine(report: dict[str, Any]) -> None:
     kinds = set(report["fault_kinds"])
     assert {"sigkill", "sigstop", "restart nats", "restart postgres", "pg_terminate_backend"} <= kinds
-    assert {"republish after duplicate window", "poison message", "overlapping"} <= kinds
+    assert {"republish after duplicate window", "poison message", "stalled consumer", "overlapping"} <= kinds
     assert report["chaos"]["backends_terminated"] > 0
     assert report["chaos"]["republished"] >= 1
     assert report["chaos"]["poison_terminated"] >= 2

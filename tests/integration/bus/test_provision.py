@@ -27,10 +27,15 @@ async def test_provision_twice_declares_every_stream_and_consumer(nats_bus: Nats
     commands = (await nats_bus.js.stream_info(subjects.COMMANDS_STREAM)).config
     assert commands.subjects == ["tf.cmd.>"]
     assert commands.retention == RetentionPolicy.WORK_QUEUE
+    dead_letters = (await nats_bus.js.stream_info(subjects.DEADLETTER_STREAM)).config
+    assert dead_letters.subjects == ["tf.dlq.>"]
+    assert dead_letters.retention == RetentionPolicy.LIMITS
+    assert (dead_letters.max_age, dead_letters.max_bytes) == (30 * 24 * 3600.0, 64 * 1024 * 1024)
     for spec in subjects.CONSUMERS:
         consumer = (await nats_bus.js.consumer_info(spec.stream, spec.durable)).config
         assert consumer.ack_policy == AckPolicy.EXPLICIT
-        assert consumer.max_deliver == spec.max_deliver
+        # The consumer loop gives a message up after spec.max_deliver (dead-lettered); the server never.
+        assert consumer.max_deliver == -1
         assert consumer.backoff == list(spec.backoff_s)
         filters = consumer.filter_subjects or [consumer.filter_subject]
         assert tuple(filters) == spec.filter_subjects
@@ -77,7 +82,7 @@ async def test_provision_applies_changed_configuration(
     stream = (await nats_bus.js.stream_info(scratch_stream.name)).config
     assert (stream.duplicate_window, stream.max_age) == (300.0, 3600.0)
     applied = (await nats_bus.js.consumer_info(scratch_stream.name, consumer.durable)).config
-    assert (applied.max_deliver, applied.backoff) == (7, [2.0, 4.0])
+    assert (applied.max_deliver, applied.backoff) == (-1, [2.0, 4.0])
     assert applied.ack_wait == changed_consumer.effective_ack_wait_s
 
 

@@ -14,6 +14,7 @@ import io
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from datetime import UTC, datetime
 
 import nats
 import pytest
@@ -24,6 +25,13 @@ from secured_nats_server import SecuredNats, pod_admitted
 from tfcommon import events, subjects
 from tfcommon.bus import NatsEventBus, inbox_prefix_for
 from tfcommon.catalogue import filter_matches
+from tfcommon.deadletter import (
+    dead_letter_headers,
+    dead_letter_subject,
+    discard_dead_letter,
+    list_dead_letters,
+    replay_dead_letter,
+)
 from tfcommon.events import encode, node_token
 from tfcommon.node_allocations import NODE_ALLOCATIONS, SCHEDULER_QUEUE, node_allocations_subject
 from tfcommon.subjects import ConsumerSpec
@@ -145,6 +153,16 @@ async def test_service_provisions_publishes_and_consumes_what_its_code_does(
         assert violations.messages == []
 
 
+def replayed_by_tfctl(subject: str) -> bool:
+    """Whether a durable consumer reads `subject`: `tfctl deadletters replay` publishes it again."""
+    per_node = [factory(NODE) for factory in subjects.PER_NODE_CONSUMERS]
+    return any(
+        filter_matches(pattern, subject)
+        for spec in (*subjects.CONSUMERS, *per_node)
+        for pattern in spec.filter_subjects
+    )
+
+
 @pytest.mark.parametrize("service", SERVICES)
 async def test_service_cannot_publish_what_another_service_produces(
     provisioned: SecuredNats, service: str
@@ -152,7 +170,9 @@ async def test_service_cannot_publish_what_another_service_produces(
     foreign = sorted(
         published_subject(message_type)
         for message_type in events.MESSAGE_TYPES.values()
-        if producer_names(message_type) and service not in producer_names(message_type)
+        if producer_names(message_type)
+        and service not in producer_names(message_type)
+        and not (service == "tfctl" and replayed_by_tfctl(published_subject(message_type)))
     )
     async with connected(provisioned, service) as (client, violations):
         for subject in foreign:
@@ -452,3 +472,64 @@ async def test_only_the_scheduler_may_receive_allocation_requests(
         await client.subscribe(f"{NODE_ALLOCATIONS}.*", queue=SCHEDULER_QUEUE)
         await client.flush()
         assert await violations.wait_for(f'subscription to "{NODE_ALLOCATIONS}.*"')
+
+
+DEAD_LETTERING = [s for s in SERVICES if s != "node-agent" and consumers_of(s)]
+
+
+@pytest.mark.parametrize("service", DEAD_LETTERING)
+async def test_a_service_dead_letters_for_its_own_durables_only(
+    provisioned: SecuredNats, service: str
+) -> None:
+    others = [spec for other in DEAD_LETTERING if other != service for spec in consumers_of(other)]
+    async with connected(provisioned, service) as (client, violations):
+        js = client.jetstream(timeout=5)
+        await subjects.provision(js, consumers=consumers_of(service))
+        for spec in consumers_of(service):
+            acknowledgement = await js.publish(dead_letter_subject(service, spec.durable), b"{}")
+            assert acknowledgement.stream == subjects.DEADLETTER_STREAM
+        assert violations.messages == []
+        for spec in others:
+            await client.publish(dead_letter_subject(spec.service, spec.durable), b"{}")
+        await client.flush()
+        for spec in others:
+            subject = dead_letter_subject(spec.service, spec.durable)
+            assert await violations.wait_for(f'publish to "{subject}"'), subject
+
+
+async def test_tfctl_lists_replays_and_discards_dead_letters_and_no_service_reads_them(
+    provisioned: SecuredNats,
+) -> None:
+    original = events.AllocationReleased.subject
+    headers = dead_letter_headers(
+        {"Nats-Msg-Id": "released-once"},
+        stream=subjects.EVENTS_STREAM,
+        subject=original,
+        sequence=7,
+        consumer=subjects.METRICS_COUNT_EVENTS.durable,
+        reason="exhausted",
+        detail="TransientError: board busy",
+        deliveries=5,
+        at=datetime.now(UTC),
+    )
+    async with connected(provisioned, "metrics") as (client, _):
+        js = client.jetstream(timeout=5)
+        await subjects.provision(js, consumers=consumers_of("metrics"))
+        subject = dead_letter_subject("metrics", subjects.METRICS_COUNT_EVENTS.durable)
+        kept = (await js.publish(subject, b'{"replay": "me"}', headers=headers)).seq
+        dropped = (await js.publish(subject, b"{not json", headers={**headers, "Nats-Msg-Id": "x"})).seq
+    async with connected(provisioned, "tfctl") as (client, violations):
+        js = client.jetstream(timeout=5)
+        listed = await list_dead_letters(js, subjects.METRICS_COUNT_EVENTS.durable)
+        assert {kept, dropped} <= {letter.sequence for letter in listed}
+        replayed = await replay_dead_letter(js, kept)
+        assert replayed is not None
+        assert (replayed.stream, replayed.duplicate) == (subjects.EVENTS_STREAM, False)
+        assert await discard_dead_letter(js, dropped)
+        assert {kept, dropped}.isdisjoint(letter.sequence for letter in await list_dead_letters(js))
+        assert violations.messages == []
+    for service in ("webhook", "readonly", "scheduler"):
+        async with connected(provisioned, service) as (client, violations):
+            await client.publish(f"$JS.API.STREAM.MSG.GET.{subjects.DEADLETTER_STREAM}", b"{}")
+            await client.flush()
+            assert await violations.wait_for("stream.msg.get"), service

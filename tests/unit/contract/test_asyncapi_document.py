@@ -107,7 +107,23 @@ def test_every_message_has_a_channel_on_its_subject() -> None:
         assert channel["address"] == expected
         assert list(channel["messages"]) == [message_type.__name__]
         assert ("parameters" in channel) is to_or_from_a_node
-    assert len(channels) == len(MESSAGE_TYPES) + 2  # the node-allocations request and its reply
+    assert len(channels) == len(MESSAGE_TYPES) + 3  # the node-allocations request, its reply, dead letters
+
+
+def test_dead_letters_have_a_channel_every_consuming_service_sends_on_and_tfctl_reads() -> None:
+    document = committed_document()
+    channel = document["channels"]["tf.dlq"]
+    assert channel["address"] == "tf.dlq.{service}.{consumer}"
+    headers = document["components"]["messages"]["DeadLetter"]["headers"]
+    assert "Tf-Dlq-Reason" in headers["required"]
+    assert "Tf-Dlq-Subject" in headers["required"]
+    users = {
+        (op["action"], op["tags"][0]["name"])
+        for op in document["operations"].values()
+        if op["channel"]["$ref"] == "#/channels/tf.dlq"
+    }
+    consuming = {spec.service for spec in subjects.CONSUMERS} | {"node-agent"}
+    assert users == {("send", service) for service in consuming} | {("receive", "tfctl")}
 
 
 def test_the_node_allocations_request_is_answered_by_the_scheduler_on_the_requesters_inbox() -> None:

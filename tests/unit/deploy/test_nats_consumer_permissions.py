@@ -14,8 +14,10 @@ from typing import Any
 
 import pytest
 from deploy_support import REPO_ROOT
-from tfcommon import subjects
+from tfcommon import events, subjects
 from tfcommon.bus import inbox_prefix_for
+from tfcommon.catalogue import filter_matches
+from tfcommon.deadletter import dead_letter_subject
 from tfcommon.nats_auth.node_access import node_permissions, node_user
 
 NATS_CONFIG = REPO_ROOT / "deploy" / "nats" / "nats.conf"
@@ -143,3 +145,50 @@ def test_user_receives_replies_only_on_its_own_inbox(user: str) -> None:
 def test_inbox_prefix_is_per_user_and_nats_default_without_one() -> None:
     assert inbox_prefix_for("defrag-planner") == "_INBOX_defrag-planner"
     assert inbox_prefix_for(None) == "_INBOX"
+
+
+DEAD_LETTER_STREAM_API = {
+    f"$JS.API.STREAM.CREATE.{subjects.DEADLETTER_STREAM}",
+    f"$JS.API.STREAM.UPDATE.{subjects.DEADLETTER_STREAM}",
+}
+
+
+def dead_letter_permissions(subject_list: list[str]) -> set[str]:
+    return {
+        subject
+        for subject in subject_list
+        if subject.startswith(f"{subjects.DEADLETTER_PREFIX}.") or subjects.DEADLETTER_STREAM in subject
+    }
+
+
+@pytest.mark.parametrize("user", [user for user in USERS if user != "tfctl"])
+def test_a_user_running_durables_provisions_the_dead_letter_stream_and_writes_only_its_own(user: str) -> None:
+    runs_durables = any(spec.service == user for spec in subjects.CONSUMERS)
+    allowed = users()[user].get("publish", {}).get("allow", [])
+
+    expected = DEAD_LETTER_STREAM_API | {dead_letter_subject(user, ">")} if runs_durables else set()
+    assert dead_letter_permissions(allowed) == expected
+
+
+def test_tfctl_reads_deletes_and_replays_dead_letters_on_every_subject_a_durable_reads() -> None:
+    allowed = users()["tfctl"]["publish"]["allow"]
+
+    assert dead_letter_permissions(allowed) == {
+        f"$JS.API.STREAM.MSG.GET.{subjects.DEADLETTER_STREAM}",
+        f"$JS.API.STREAM.MSG.DELETE.{subjects.DEADLETTER_STREAM}",
+    }
+    per_node = [factory("gpu-1") for factory in subjects.PER_NODE_CONSUMERS]
+    read = {pattern for spec in (*subjects.CONSUMERS, *per_node) for pattern in spec.filter_subjects}
+    for pattern in read:
+        # A node command's filter names the verb with `*`: each verb tfctl may send is one subject.
+        verbs = (
+            [
+                f"{cls.subject}.gpu-1"
+                for cls in events.MESSAGE_TYPES.values()
+                if issubclass(cls, events.NodeCommand)
+            ]
+            if pattern.startswith(subjects.NODE_AGENT_COMMANDS_PREFIX)
+            else [pattern]
+        )
+        for subject in verbs:
+            assert any(filter_matches(allow, subject) for allow in allowed), subject
