@@ -4,7 +4,7 @@
 services as `tfctl serve` children with simulated GPUs), drives submissions of every QoS (the
 `critical` ones preempt) and releases through the webhook and the scheduler's HTTP API while it
 SIGKILLs each service (and restarts it), restarts NATS, restarts
-Postgres (immediate shutdown, a crash for the database) and SIGSTOPs a service past its timeouts. Every
+Postgres (immediate shutdown, a crash for the database) and SIGSTOPs each service past its timeouts. Every
 call is recorded as ok / fail / unknown. After the faults stop it checks the invariants of
 `tfctl.fault_checks` and returns a report whose `violations` must be empty. A service that exits on its
 own during an outage is restarted, as a container runtime would, and counted in `self_exits`.
@@ -725,7 +725,7 @@ def _fill(path: Path) -> None:
 
 def fault_plan(stack: FaultStack, chaos: Chaos, consumer: StalledConsumer | None = None) -> list[Fault]:
     """Every fault once, in this order: SIGKILL each service, restart NATS, restart Postgres, pause
-    the scheduler and a node agent, `pg_terminate_backend`, a republish after the duplicate window, a poison
+    each service (SIGSTOP), `pg_terminate_backend`, a republish after the duplicate window, a poison
     message, (with `consumer`) a consumer stalled past `max_deliver`, then reconciled, (when the store
     could be mounted) a full JetStream disk, (when the last node agent
     runs in its own network namespace) a partition and a slow link between it and everything, then
@@ -755,12 +755,10 @@ def fault_plan(stack: FaultStack, chaos: Chaos, consumer: StalledConsumer | None
 
         return Fault(name, inject)
 
-    agents = [child.name for child in stack.agents()]
     plan = [kill(name) for name in stack.children]
     plan.append(Fault("restart nats", FaultStack.restart_nats))
     plan.append(Fault("restart postgres", FaultStack.restart_postgres))
-    plan.append(pause("scheduler"))
-    plan.append(pause(agents[0]))
+    plan += [pause(name) for name in stack.children]
     plan.append(with_chaos("pg_terminate_backend", terminate_backends))
     plan.append(with_chaos("republish after duplicate window", republish_after_window))
     plan.append(with_chaos("poison message", publish_poison))
