@@ -3,8 +3,9 @@
 The shell around `tfscheduler.core.custom_status`: it reads the ledger (so changes by any scheduler
 replica or node agent show) and writes only objects whose fields changed. The node agent creates the GPU
 and GPUNode objects and owns their identity and capacity (`tfagent.core.custom_resources`); this writer
-only merge-patches the fields it owns (`SCHEDULER_FIELDS`: availability, and the GPUNode phase from
-heartbeats) and the whole GPUPool status it computes. It creates nothing: an object not there yet is
+only merge-patches the fields it owns (`SCHEDULER_FIELDS`: availability, the pods on each GPU, and the
+GPUNode phase and last heartbeat, the latter alone at most every `HEARTBEAT_WRITE_S`) and the whole
+GPUPool status it computes. It creates nothing: an object not there yet is
 tried again shortly; `GPUPool` objects are the operator's. A `notify()` (a placement, a release) writes
 after a short debounce; a poll of the ledger catches changes made elsewhere. It decides nothing about
 placement and never touches spec, labels, or status fields it does not own.
@@ -21,14 +22,23 @@ from typing import Any
 from tfcommon.cluster import Applied, Cluster, ClusterError, CustomResource, NotFound
 from tfcommon.ledger.sql import SqlLedger
 
-from tfscheduler.core.custom_status import Status, desired_status
+from tfscheduler.core.custom_status import Status, desired_status, heartbeat_only_change
 
 log = logging.getLogger("tfscheduler.status")
 FULL_REWRITE_S = 60.0
 ABSENT_RETRY_S = 2.0
+HEARTBEAT_WRITE_S = 30.0
+"""A GPUNode's `hypervisorStatus.lastHeartbeatTime` alone is written when it moved this much."""
 SCHEDULER_FIELDS: dict[CustomResource, tuple[str, ...]] = {
-    CustomResource.GPU: ("available",),
-    CustomResource.GPU_NODE: ("phase", "hypervisorStatus", "availableTFlops", "availableVRAM"),
+    CustomResource.GPU: ("available", "runningApps"),
+    CustomResource.GPU_NODE: (
+        "phase",
+        "hypervisorStatus",
+        "availableTFlops",
+        "availableVRAM",
+        "allocatedPods",
+        "totalGPUPods",
+    ),
 }
 """Status fields of agent-created objects this writer owns; all of GPUPool's it computes are its own."""
 
@@ -86,7 +96,8 @@ class StatusWriter:
         """Write every status that differs from what this writer last wrote; returns how many it wrote."""
         nodes = await self.ledger.list_nodes()
         gpus = await self.ledger.list_gpus()
-        desired = desired_status(nodes, gpus, in_pool=self.in_pool)
+        allocations = await self.ledger.active_allocations()
+        desired = desired_status(nodes, gpus, allocations, in_pool=self.in_pool)
         writes = [self._write(CustomResource.GPU, name, status) for name, status in desired.gpus.items()]
         writes += [
             self._write(CustomResource.GPU_NODE, name, status) for name, status in desired.nodes.items()
@@ -100,10 +111,14 @@ class StatusWriter:
         key = (kind, name)
         status = _owned(kind, computed)
         now = asyncio.get_running_loop().time()
-        if self._written.get(key) == status or self._absent_until.get(key, now) > now:
+        written = self._written.get(key)
+        unchanged = written == status or (
+            kind is CustomResource.GPU_NODE and heartbeat_only_change(written, status, HEARTBEAT_WRITE_S)
+        )
+        if unchanged or self._absent_until.get(key, now) > now:
             return False
         async with self._gate:
-            result = await self.cluster.patch_custom_status(kind, name, status)
+            result = await self.cluster.patch_custom_status(kind, name, _without_gone_gpus(written, status))
         if isinstance(result, Applied):
             self._written[key] = status
             self._absent_until.pop(key, None)
@@ -117,3 +132,12 @@ class StatusWriter:
 def _owned(kind: CustomResource, status: Mapping[str, Any]) -> Status:
     fields = SCHEDULER_FIELDS.get(kind)
     return dict(status) if fields is None else {field: status[field] for field in fields if field in status}
+
+
+def _without_gone_gpus(written: Status | None, status: Status) -> Status:
+    """`status` as a merge patch: a GPU no longer in `allocatedPods` is removed there (null)."""
+    before = (written or {}).get("allocatedPods")
+    after = status.get("allocatedPods")
+    if not isinstance(before, Mapping) or not isinstance(after, Mapping) or before.keys() <= after.keys():
+        return status
+    return {**status, "allocatedPods": {**dict.fromkeys(before.keys() - after.keys()), **after}}
