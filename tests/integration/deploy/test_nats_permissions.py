@@ -533,3 +533,16 @@ async def test_tfctl_lists_replays_and_discards_dead_letters_and_no_service_read
             await client.publish(f"$JS.API.STREAM.MSG.GET.{subjects.DEADLETTER_STREAM}", b"{}")
             await client.flush()
             assert await violations.wait_for("stream.msg.get"), service
+
+
+async def test_a_node_agent_asks_for_and_releases_its_own_nodes_allocations_only(
+    provisioned: SecuredNats,
+) -> None:
+    foreign = (node_allocations_subject(OTHER_NODE), subjects.release_allocation(OTHER_NODE))
+    assert foreign[0].endswith(".gpu-node-2_example"), "the node name is one subject token"
+    async with connected(provisioned, "node-agent") as (client, violations):
+        for subject in foreign:
+            await client.publish(subject, b"{}", reply=client.new_inbox())
+        await client.flush()
+        for subject in foreign:
+            assert await violations.wait_for(f'publish to "{subject}"'), subject
