@@ -46,6 +46,7 @@ STALLED_CONSUMER = ConsumerSpec(
 )
 STALL_S = 4.0
 """How long the handler fails: past its 3 deliveries (0.5 s and 1 s apart) for what arrives early."""
+QUIET_LOGGERS = ("tfcommon.consumer", "nats.aio.client")
 SETTLE_S = 15.0
 RETRY_S = 0.5
 
@@ -68,7 +69,11 @@ class StalledConsumer:
         return ()
 
     async def run(self, nats_url: str, stop: asyncio.Event, ready: asyncio.Event) -> None:
-        """Consume until `stop`, through NATS restarts (a loop that fails is started again)."""
+        """Consume until `stop`, through NATS restarts (a loop that fails is started again). Its log
+        lines (a retry, a dead letter, NATS away) go only where logging is configured: the stall and
+        the restarts are the campaign's own doing, not news for the terminal."""
+        for name in QUIET_LOGGERS:
+            logging.getLogger(name).addHandler(logging.NullHandler())
         bus = await NatsEventBus.connect(nats_url, service="fault-campaign")
         try:
             await provision_consumer(bus.js, STALLED_CONSUMER)
