@@ -191,9 +191,10 @@ def _section(parent: Mapping[str, Any], key: str, path: str) -> Mapping[str, Any
     return value
 
 
-def _whole(value: Any, path: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise QuotaError(f"{path}: {value!r}; use a whole number >= {minimum}")
+def _whole(value: Any, path: str, minimum: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or (minimum is not None and value < minimum):
+        at_least = "" if minimum is None else f" >= {minimum}"
+        raise QuotaError(f"{path}: {value!r}; use a whole number{at_least}")
     return value
 
 
@@ -244,12 +245,12 @@ def parse_quota(manifest: Mapping[str, Any]) -> NamespaceQuota:
         default_limit_vram_bytes=_quantity(default_limits, "vram", "spec.single.defaultLimits", parse_bytes),
     )
     if "maxWorkers" in total:
-        quota = replace(quota, max_workers=_whole(total["maxWorkers"], "spec.total.maxWorkers", 0))
+        quota = replace(quota, max_workers=_whole(total["maxWorkers"], "spec.total.maxWorkers"))
     if "alertThresholdPercent" in total:
         threshold = _whole(total["alertThresholdPercent"], "spec.total.alertThresholdPercent", 0)
         quota = replace(quota, alert_threshold_percent=threshold)
     if "maxGPUCount" in single:
-        quota = replace(quota, max_gpu_count=_whole(single["maxGPUCount"], "spec.single.maxGPUCount", 1))
+        quota = replace(quota, max_gpu_count=_whole(single["maxGPUCount"], "spec.single.maxGPUCount"))
     return quota
 
 

@@ -69,6 +69,8 @@ def _price_book(section: Mapping[str, Any], field: str) -> PriceBook:
         path = f"{field}.pricing[{index}]"
         entry = _mapping(raw, path)
         qos = entry.get("qos")
+        if qos is None:
+            continue  # TensorFusion accepts it and prices no QoS with it (its prices are looked up by QoS)
         if qos not in QOS_LEVELS:
             raise PricingError(f"{path}.qos: {qos!r} is not one of {', '.join(QOS_LEVELS)}")
         if qos in prices:

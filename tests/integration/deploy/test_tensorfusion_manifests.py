@@ -148,6 +148,36 @@ def test_pools_of_tensorfusioncluster_samples_apply_strictly(local_kubernetes: L
         kubectl(local_kubernetes, "delete", "--wait=false", "-f", "-", stdin=manifest)
 
 
+def test_what_tensorfusions_schemas_accept_and_ours_used_to_refuse_applies(
+    local_kubernetes: LocalKubernetes,
+) -> None:
+    """TensorFusion's CRDs set no minimum on `single.maxGPUCount` or `total.maxWorkers` and do not require
+    `qosConfig.pricing[].qos`; ours did. Both kinds of object apply now and read back unchanged."""
+    name = f"loose-{uuid.uuid4().hex[:8]}"
+    pool = {
+        "apiVersion": "tensor-fusion.ai/v1",
+        "kind": "GPUPool",
+        "metadata": {"name": name},
+        "spec": {
+            "nodeManagerConfig": {},
+            "qosConfig": {"pricing": [{"requests": {"perFP16TFlopsPerHour": "$0.5"}}]},
+        },
+    }
+    quota = {
+        "apiVersion": "tensor-fusion.ai/v1",
+        "kind": "GPUResourceQuota",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"total": {"maxWorkers": -1}, "single": {"maxGPUCount": 0}},
+    }
+    manifest = yaml.safe_dump_all([pool, quota])
+    kubectl(local_kubernetes, "apply", "--validate=strict", "-f", "-", stdin=manifest)
+    try:
+        for applied in (pool, quota):
+            assert missing_values(applied, read_back(local_kubernetes, applied)) == [], applied["kind"]
+    finally:
+        kubectl(local_kubernetes, "delete", "--wait=false", "-f", "-", stdin=manifest)
+
+
 def test_a_misspelt_field_is_refused_not_pruned(local_kubernetes: LocalKubernetes) -> None:
     pool = documents("v1_gpupool.yaml")[0]
     pool["metadata"] = {"name": f"typo-{uuid.uuid4().hex[:8]}"}

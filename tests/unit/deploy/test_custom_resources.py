@@ -160,7 +160,7 @@ def test_seed_columns_show_values_for_the_example_gpu() -> None:
         ),
         ("GPUPool", ["spec", "qosConfig", "defaultQoS"], "platinum"),
         ("GPUNode", ["spec", "manageMode"], "Sometimes"),
-        ("GPUResourceQuota", ["spec", "total", "maxWorkers"], -1),
+        ("GPUResourceQuota", ["spec", "total", "maxWorkers"], "many"),
         ("GPUResourceQuota", ["spec", "total", "requestz"], {"tflops": "1"}),
         ("WorkloadProfile", ["spec", "qos"], "gold"),
         ("WorkloadProfile", ["spec", "gpuCount"], 0),

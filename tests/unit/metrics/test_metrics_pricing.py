@@ -40,6 +40,14 @@ def test_a_pool_without_pricing_gets_the_default_price_for_every_qos() -> None:
     assert book.prices["medium"].per_tflops_hour == Decimal("0.0069228")
 
 
+def test_an_entry_without_qos_prices_no_qos_as_in_tensorfusion() -> None:
+    [(_, book)] = parse_pool_pricing(
+        {"pricing": [{"requests": {"perFP16TFlopsPerHour": "$9"}}, {"qos": "low"}]}
+    ).books
+    assert sorted(book.prices) == ["low"]
+    assert book.prices["low"].per_tflops_hour == Decimal("0.0069228")
+
+
 def test_pricing_history_applies_earlier_books_until_their_end() -> None:
     change = datetime(2026, 11, 1, tzinfo=UTC)
     config = {

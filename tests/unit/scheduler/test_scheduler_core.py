@@ -181,6 +181,22 @@ def test_compute_maxima_and_defaults_of_single() -> None:
         )
 
 
+def test_a_max_gpu_count_or_max_workers_of_zero_is_a_quota_that_admits_no_gpu_workload() -> None:
+    quota = parse_quota(
+        {
+            "kind": "GPUResourceQuota",
+            "metadata": {"name": "closed", "namespace": "team-a"},
+            "spec": {"total": {"maxWorkers": -1}, "single": {"maxGPUCount": 0}},
+        }
+    )
+    single = check_single(quota, a_request())
+    assert single is not None
+    assert single.reason == "GPUResourceQuota team-a/closed: single.maxGPUCount is 0 per workload, asked 1"
+    total = check_total(quota, Usage(), Usage(workers=1))
+    assert total is not None
+    assert "total.maxWorkers would be 1 of -1" in total.reason
+
+
 def test_worker_count_and_single_maxima() -> None:
     quota = NamespaceQuota("team-a", max_workers=1, max_request_vram_bytes=16 * GIB)
     refusal = check_total(quota, Usage(workers=1), Usage(workers=1))
