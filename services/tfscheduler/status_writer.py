@@ -7,8 +7,11 @@ only merge-patches the fields it owns (`SCHEDULER_FIELDS`: availability, the pod
 GPUNode phase and last heartbeat, the latter alone at most every `HEARTBEAT_WRITE_S`) and the whole
 GPUPool status it computes. It creates nothing: an object not there yet is
 tried again shortly; `GPUPool` objects are the operator's. A `notify()` (a placement, a release) writes
-after a short debounce; a poll of the ledger catches changes made elsewhere. It decides nothing about
-placement and never touches spec, labels, or status fields it does not own.
+after a short debounce; a poll of the ledger catches changes made elsewhere. What it last wrote is read
+back from the API server on start and every `READ_BACK_S` (one list per kind), so a status someone else
+changed is written again, and one already right (after a restart, say) is not: it patches only where
+the server differs. It decides nothing about placement and never touches spec, labels, or status fields
+it does not own.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -25,7 +29,8 @@ from tfcommon.ledger.sql import SqlLedger
 from tfscheduler.core.custom_status import Status, desired_status, heartbeat_only_change
 
 log = logging.getLogger("tfscheduler.status")
-FULL_REWRITE_S = 60.0
+READ_BACK_S = 60.0
+"""How often what the API server holds replaces what this writer remembers writing."""
 ABSENT_RETRY_S = 2.0
 HEARTBEAT_WRITE_S = 30.0
 """A GPUNode's `hypervisorStatus.lastHeartbeatTime` alone is written when it moved this much."""
@@ -74,7 +79,7 @@ class StatusWriter:
     async def run(self, stop: asyncio.Event) -> None:
         """Write on every notification (debounced) and every poll interval until `stop` is set."""
         loop = asyncio.get_running_loop()
-        last_full = loop.time()
+        last_read = -math.inf
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), timeout=self.poll_interval_s)
@@ -84,9 +89,13 @@ class StatusWriter:
             if stop.is_set():
                 return
             self._changed.clear()
-            if loop.time() - last_full >= FULL_REWRITE_S:
-                self._written.clear()
-                last_full = loop.time()
+            if loop.time() - last_read >= READ_BACK_S:
+                last_read = loop.time()
+                try:
+                    await self.read_back()
+                except ClusterError as error:  # then every status is written again, as if never written
+                    log.warning("reading back custom-resource status failed, writing it all: %s", error)
+                    self._written.clear()
             try:
                 await self.sync()
             except ClusterError as error:
@@ -107,12 +116,25 @@ class StatusWriter:
         ]
         return sum(await asyncio.gather(*writes))
 
+    async def read_back(self) -> int:
+        """Remember what the API server holds now as what was last written (the owned fields of every
+        GPU, GPUNode and GPUPool; an object it does not list is forgotten, so it is written when it
+        appears): the next `sync` patches only what differs from the ledger. Returns how many objects
+        it read."""
+        held: dict[tuple[CustomResource, str], Status] = {}
+        for kind in (CustomResource.GPU, CustomResource.GPU_NODE, CustomResource.GPU_POOL):
+            for found in await self.cluster.list_custom_objects(kind):
+                held[kind, found.name] = _owned(kind, found.status)
+                self._absent_until.pop((kind, found.name), None)
+        self._written = held
+        return len(held)
+
     async def _write(self, kind: CustomResource, name: str, computed: Status) -> bool:
         key = (kind, name)
         status = _owned(kind, computed)
         now = asyncio.get_running_loop().time()
         written = self._written.get(key)
-        unchanged = written == status or (
+        unchanged = _holds(written, status) or (
             kind is CustomResource.GPU_NODE and heartbeat_only_change(written, status, HEARTBEAT_WRITE_S)
         )
         if unchanged or self._absent_until.get(key, now) > now:
@@ -124,9 +146,21 @@ class StatusWriter:
             self._absent_until.pop(key, None)
             return True
         if isinstance(result, NotFound):  # not created yet by the node agent, or a GPUPool nobody created
-            wait = FULL_REWRITE_S if kind is CustomResource.GPU_POOL else ABSENT_RETRY_S
+            wait = READ_BACK_S if kind is CustomResource.GPU_POOL else ABSENT_RETRY_S
             self._absent_until[key] = now + wait
         return False
+
+
+def _holds(held: Any, wanted: Any) -> bool:
+    """Whether merge-patching `wanted` onto `held` would change nothing: every field of `wanted` is in
+    `held` with the same value (fields only others write, such as the agent's `hypervisorVersion`,
+    may be there too)."""
+    if isinstance(wanted, Mapping):
+        return isinstance(held, Mapping) and all(
+            (value is None and key not in held) or (key in held and _holds(held[key], value))
+            for key, value in wanted.items()
+        )
+    return bool(held == wanted)
 
 
 def _owned(kind: CustomResource, status: Mapping[str, Any]) -> Status:

@@ -33,7 +33,7 @@ REQUIRED_RBAC: dict[str, list[PolicyRule]] = {
         PolicyRule("", ("pods/status",), ("patch",)),
         PolicyRule("", ("events",), ("create",)),
         PolicyRule("", ("nodes",), ("list",)),
-        PolicyRule(CUSTOM_RESOURCE_GROUP, ("gpunodes", "gpupools", "gpuresourcequotas"), ("list",)),
+        PolicyRule(CUSTOM_RESOURCE_GROUP, _CUSTOM_RESOURCES, ("list",)),
         PolicyRule(CUSTOM_RESOURCE_GROUP, _CUSTOM_STATUS, ("patch",)),
         PolicyRule(CUSTOM_RESOURCE_GROUP, ("gpupools", "gpuresourcequotas"), ("watch",)),
     ],
@@ -64,8 +64,9 @@ REQUIRED_RBAC: dict[str, list[PolicyRule]] = {
 }
 """Rules per service account. `get` covers the `get_*` methods, `list` the `list_*` ones; gpupools `list` and
 `watch` are the GPUPool watch of Kubernetes mode (`tfcommon.pool_source`), `events` create for the defrag
-planner its Warning `InvalidPoolSpec`; the webhook watches WorkloadProfiles (`tfwebhook.profiles`), the node
-agent lists ProviderConfigs once at start for its GPU model table (`tfagent.providers`). RBAC cannot
+planner its Warning `InvalidPoolSpec`; the scheduler lists every kind whose status it writes (the status
+writer's read-back, `tfscheduler.status_writer`); the webhook watches WorkloadProfiles (`tfwebhook.profiles`),
+the node agent lists ProviderConfigs once at start for its GPU model table (`tfagent.providers`). RBAC cannot
 limit the node agent to its own node's objects (resource names are not known in advance, and `create`
 cannot be limited by name): its code only touches the GPUNode named after its node and the GPUs it
 discovered there (`tfagent.kubernetes_status`)."""
