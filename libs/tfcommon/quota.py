@@ -254,22 +254,33 @@ def parse_quota(manifest: Mapping[str, Any]) -> NamespaceQuota:
     return quota
 
 
+def _written_order(obj: CustomObject) -> tuple[int, str]:
+    version = obj.resource_version
+    return (int(version) if version.isdigit() else -1, obj.name)
+
+
 def quota_objects(objects: Mapping[str, CustomObject]) -> dict[str, CustomObject]:
-    """The GPUResourceQuota object in force in each namespace: the first by name (TensorFusion uses one)."""
+    """The GPUResourceQuota object in force in each namespace, as in TensorFusion, whose quota store
+    keeps one quota per namespace and takes each object its informer delivers (created or updated) in
+    its namespace's place: the last one written wins. Here that is the highest `resourceVersion` (the
+    API server's write order, etcd's revision); where versions are not numbers, the last by name (the
+    order TensorFusion's start-up list applies them in)."""
     chosen: dict[str, CustomObject] = {}
-    for key in sorted(objects):
-        obj = objects[key]
-        if obj.namespace:
-            chosen.setdefault(obj.namespace, obj)
+    for obj in objects.values():
+        if not obj.namespace:
+            continue
+        known = chosen.get(obj.namespace)
+        if known is None or _written_order(obj) > _written_order(known):
+            chosen[obj.namespace] = obj
     return chosen
 
 
 def quotas_in_force(
     objects: Mapping[str, CustomObject], last_good: Mapping[str, NamespaceQuota]
 ) -> tuple[dict[str, NamespaceQuota], dict[str, str]]:
-    """The quota of each namespace from a watch's GPUResourceQuota objects (by `namespace/name`): the
-    first by name when a namespace has several, as TensorFusion uses one. An invalid object keeps its
-    namespace's quota from `last_good` (or none); the second result says why, by namespace."""
+    """The quota of each namespace from a watch's GPUResourceQuota objects (by `namespace/name`): the last
+    one written when a namespace has several (`quota_objects`), as in TensorFusion. An invalid object
+    keeps its namespace's quota from `last_good` (or none); the second result says why, by namespace."""
     chosen = quota_objects(objects)
     quotas: dict[str, NamespaceQuota] = {}
     problems: dict[str, str] = {}

@@ -311,3 +311,77 @@ async def test_compute_percent_defaults_and_maximum_are_applied_by_the_webhook_a
         await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), timeout=10)
         cluster.close()
         kubectl(local_kubernetes, "delete", "namespace", COMPUTE_NS, "--wait=false")
+
+
+SEVERAL_NS = "several-quotas"
+
+
+def workers_quota(name: str, workers: int) -> str:
+    return json.dumps(
+        {
+            "apiVersion": "tensor-fusion.ai/v1",
+            "kind": "GPUResourceQuota",
+            "metadata": {"name": name, "namespace": SEVERAL_NS},
+            "spec": {"total": {"maxWorkers": workers}},
+        }
+    )
+
+
+async def test_with_several_quotas_in_a_namespace_the_last_written_is_in_force(
+    local_kubernetes: LocalKubernetes, ledger: SqlLedger, bus: NatsEventBus
+) -> None:
+    namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": SEVERAL_NS}}
+    kubectl(local_kubernetes, "apply", "-f", "-", stdin=json.dumps(namespace))
+    kubectl(local_kubernetes, "apply", "-f", "-", stdin=workers_quota("a-first", 1))
+    kubectl(local_kubernetes, "apply", "-f", "-", stdin=workers_quota("b-second", 2))
+    scheduler = Scheduler(ledger, bus, heartbeat_timeout=LONG)
+    await scheduler.start()
+    cluster = KubernetesCluster.from_environment(
+        kubeconfig=str(local_kubernetes.kubeconfig), watch_timeout_s=5
+    )
+    quotas = ClusterQuotas(scheduler, file_quotas={})
+    admission = WatchedQuotas()
+    stop = asyncio.Event()
+    tasks = [
+        asyncio.create_task(follow_quotas(quotas, cluster, stop)),
+        asyncio.create_task(
+            watch_custom_objects(cluster, CustomResource.GPU_RESOURCE_QUOTA, admission.observe, stop)
+        ),
+    ]
+    try:
+        await until(lambda: SEVERAL_NS in scheduler.quotas, within_s=10, what="the quotas")
+        assert scheduler.quotas[SEVERAL_NS].name == "b-second", "the last created, not the first by name"
+        await until(lambda: SEVERAL_NS in admission(), within_s=10, what="the webhook's quotas")
+        assert admission()[SEVERAL_NS].name == "b-second"
+
+        edited = time.monotonic()
+        kubectl(
+            local_kubernetes,
+            "patch", "gpuresourcequota", "a-first", "-n", SEVERAL_NS, "--type=merge",
+            "-p", json.dumps({"spec": {"total": {"maxWorkers": 5}}}),
+        )  # fmt: skip
+        await until(
+            lambda: (
+                scheduler.quotas[SEVERAL_NS].name == "a-first"
+                and scheduler.quotas[SEVERAL_NS].max_workers == 5
+                and admission()[SEVERAL_NS].name == "a-first"
+            ),
+            within_s=WITHIN_S,
+            what="the edited quota in force",
+        )
+        print(f"edit of another GPUResourceQuota -> in force: {(time.monotonic() - edited) * 1000:.0f} ms")
+
+        kubectl(local_kubernetes, "delete", "gpuresourcequota", "a-first", "-n", SEVERAL_NS)
+        await until(
+            lambda: (
+                scheduler.quotas.get(SEVERAL_NS) is not None
+                and scheduler.quotas[SEVERAL_NS].name == "b-second"
+            ),
+            within_s=WITHIN_S,
+            what="the remaining quota after a delete",
+        )
+    finally:
+        stop.set()
+        await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), timeout=10)
+        cluster.close()
+        kubectl(local_kubernetes, "delete", "namespace", SEVERAL_NS, "--wait=false")
