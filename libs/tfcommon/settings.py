@@ -78,7 +78,8 @@ class DatabaseSettings(BaseSettings):
 
     url: str | None = Field(
         default=None,
-        description="SQLAlchemy URL, e.g. postgresql+psycopg://postgres@127.0.0.1:5432/tfpool",
+        description="SQLAlchemy URL, e.g. postgresql+psycopg://postgres@127.0.0.1:5432/tfpool (every "
+        "service but the node agent, which holds no database credential)",
     )
     pool_size: int = Field(default=10, ge=1, description="connections kept per service process")
 

@@ -63,7 +63,8 @@ def valid_node_name(node: str) -> bool:
 def node_permissions(node: str) -> dict[str, Any]:
     """What `node`'s agent may publish and subscribe to: the streams' info and provisioning (as every
     service), its own two durable consumers (created with its own filter, fetched from and acknowledged),
-    its events and its own inbox. Not another node's consumer, not any other durable, not a message
+    its events, its own node's two requests to the scheduler (its allocations, a release) and its own
+    inbox. Not another node's consumer, not any other durable, not a message
     read by sequence, not the commands stream's messages except through its own consumer."""
     commands = subjects.node_agent_run_commands(node)
     allocations = subjects.node_agent_track_allocations(node)
