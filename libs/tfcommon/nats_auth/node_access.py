@@ -63,9 +63,10 @@ def valid_node_name(node: str) -> bool:
 def node_permissions(node: str) -> dict[str, Any]:
     """What `node`'s agent may publish and subscribe to: the streams' info and provisioning (as every
     service), its own two durable consumers (created with its own filter, fetched from and acknowledged),
-    its events, its own node's two requests to the scheduler (its allocations, a release) and its own
-    inbox. Not another node's consumer, not any other durable, not a message
-    read by sequence, not the commands stream's messages except through its own consumer."""
+    its events, its own node's two requests to the scheduler (its allocations, a release), the dead
+    letters of its own two consumers (`tfcommon.deadletter`) and its own inbox. Not another node's
+    consumer, not any other durable, not a message read by sequence, not the commands stream's
+    messages except through its own consumer."""
     commands = subjects.node_agent_run_commands(node)
     allocations = subjects.node_agent_track_allocations(node)
     streams = (subjects.EVENTS_STREAM, subjects.COMMANDS_STREAM)
@@ -86,6 +87,7 @@ def node_permissions(node: str) -> dict[str, Any]:
             f"$JS.API.CONSUMER.INFO.{consumer.stream}.{consumer.durable}",
             f"$JS.API.CONSUMER.MSG.NEXT.{consumer.stream}.{consumer.durable}",
             f"$JS.ACK.{consumer.stream}.{consumer.durable}.>",
+            f"{subjects.DEADLETTER_PREFIX}.{subjects.PER_NODE_SERVICE}.{consumer.durable}",
         ]
     publish += list(NODE_EVENTS)
     publish += [node_allocations.node_allocations_subject(node), subjects.release_allocation(node)]

@@ -362,6 +362,21 @@ def test_each_durable_is_provisioned_by_exactly_one_service() -> None:
     }
 
 
+def dead_letter_of(spec: ConsumerSpec) -> str:
+    return f"{subjects.DEADLETTER_PREFIX}.{spec.service}.{spec.durable}"
+
+
+async def test_a_node_agent_dead_letters_what_its_own_consumers_give_up(provisioned: SecuredNats) -> None:
+    async with connected(provisioned, "scheduler") as (client, _):
+        await subjects.provision(client.jetstream(timeout=5), streams=(), consumers=consumers_of("scheduler"))
+    async with connected(provisioned, "node-agent") as (client, violations):
+        js = client.jetstream(timeout=5)
+        for factory in subjects.PER_NODE_CONSUMERS:
+            acknowledgement = await js.publish(dead_letter_of(factory(NODE)), b"{}")
+            assert acknowledgement.stream == subjects.DEADLETTER_STREAM
+        assert violations.messages == []
+
+
 async def test_a_node_agent_cannot_touch_another_nodes_consumers_or_inbox(provisioned: SecuredNats) -> None:
     other_nodes = [factory(OTHER_NODE) for factory in subjects.PER_NODE_CONSUMERS]
     async with connected(provisioned, "other-node-agent") as (client, violations):
@@ -369,13 +384,13 @@ async def test_a_node_agent_cannot_touch_another_nodes_consumers_or_inbox(provis
         assert violations.messages == []
     async with connected(provisioned, "node-agent") as (client, violations):
         for spec in other_nodes:
-            for subject in (create_subject(spec), *durable_subjects(spec)):
+            for subject in (create_subject(spec), *durable_subjects(spec), dead_letter_of(spec)):
                 await client.publish(subject, b"", reply=client.new_inbox())
         other_inbox = f"{inbox_prefix_for(f'node:{OTHER_NODE}')}.>"
         await client.subscribe(other_inbox)
         await client.flush()
         for spec in other_nodes:
-            for subject in (create_subject(spec), *durable_subjects(spec)):
+            for subject in (create_subject(spec), *durable_subjects(spec), dead_letter_of(spec)):
                 assert await violations.wait_for(f'publish to "{subject}"'), subject
         assert await violations.wait_for(f'subscription to "{other_inbox}"')
 
