@@ -14,7 +14,6 @@ from jsonschema import Draft7Validator, Draft202012Validator, FormatChecker
 from tfcommon import subjects
 from tfcommon.asyncapi import asyncapi_document, contract_files
 from tfcommon.bus import InMemoryEventBus
-from tfcommon.node_allocations import NODE_ALLOCATIONS
 from tfcommon.events import (
     MESSAGE_TYPES,
     FromNodeCommand,
@@ -24,6 +23,7 @@ from tfcommon.events import (
     StopWorker,
     WorkloadSubmitted,
 )
+from tfcommon.node_allocations import NODE_ALLOCATIONS
 from tfctl.main import main
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
