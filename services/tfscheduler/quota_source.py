@@ -3,7 +3,8 @@
 `ClusterQuotas.observe` turns the objects a watch delivers (`tfcommon.cluster.custom_watch`) into the
 engine's `quotas` by namespace: the quota file's (`TF_SCHEDULER_QUOTA_FILE`) stay as defaults, an object
 replaces its namespace's. One quota per namespace as in TensorFusion: with several, the last one written
-(`tfcommon.quota.quota_objects`); the status writer writes only that one's status. An invalid object keeps its namespace's last good quota (or none) and is logged once. A change
+(`tfcommon.quota.quota_objects`); the status writer writes only that one's status. An invalid object
+keeps its namespace's last good quota (or none) and is logged once. A change
 wakes the pods waiting for a quota (`capacity_freed`), so raising a bound places them at once.
 
 `QuotaStatusWriter` keeps each object's `status` (used requests, limits and workers counted from the
