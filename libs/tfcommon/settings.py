@@ -126,7 +126,7 @@ class SchedulerKubernetesSettings(BaseSettings):
     scheduler_name: str = Field(
         default="tensor-fusion-scheduler", min_length=1, description="spec.schedulerName of the pods to place"
     )
-    bind_concurrency: int = Field(default=16, ge=1, description="pods placed and bound at the same time")
+    bind_concurrency: int = Field(default=64, ge=1, description="pods placed and bound at the same time")
     status_debounce_s: float = Field(
         default=0.2, gt=0, le=1.0, description="wait after a change before writing GPU/GPUNode/GPUPool status"
     )

@@ -1,6 +1,7 @@
 """`tfctl bench kubernetes` at a tiny size (20 pods on 4 KWOK nodes) on a real control plane, Postgres and
 NATS: the document has the shape `make bench` relies on, and every pod of each phase was bound, by the
-scheduler it names. Timings are not asserted."""
+scheduler it names; the caller's `TF_SCHEDULER_*` settings reach the scheduler service. Timings are not
+asserted."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ def test_every_pod_is_bound_by_the_scheduler_it_names(
 ) -> None:
     monkeypatch.setenv("TF_DATABASE_URL", postgres_server_url)
     monkeypatch.setenv("TF_NATS_URL", nats_url)
+    monkeypatch.setenv("TF_SCHEDULER_BIND_CONCURRENCY", "8")
     arguments = ["--pods", str(PODS), "--nodes", str(NODES), "--gpus-per-node", str(GPUS_PER_NODE)]
 
     code = main(["bench", "kubernetes", *arguments, "--json"])
@@ -33,6 +35,7 @@ def test_every_pod_is_bound_by_the_scheduler_it_names(
     assert entry["sizes"]["pods"] == PODS
     assert entry["sizes"]["nodes"] == NODES
     result = entry["result"]
+    assert result["scheduler_settings"] == {"TF_SCHEDULER_BIND_CONCURRENCY": "8"}, "passed on to the service"
     phases = result["phases"]
     assert list(phases) == ["kube_scheduler_whole", "ours_whole", "ours_fractional"]
     for key, phase in phases.items():
