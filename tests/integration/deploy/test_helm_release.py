@@ -1,6 +1,8 @@
 """charts/tfpool on a real API server (the session's `local_kubernetes`, KWOK nodes): `helm install` into a
 namespace that enforces Pod Security `restricted`, `helm upgrade` to a changed value, `helm rollback`;
-and automatic migration's matchConditions deciding which pods the API server sends to the webhook.
+automatic migration's matchConditions deciding which pods the API server sends to the webhook; and the
+migration guide's automatic migration installed as its seed says, by upgrading a release with the scope
+in its values.
 
 KWOK runs no container: pods are scheduled, admitted (Pod Security included) and reported Ready, and Job
 pods Succeeded, which is what Helm's `--wait` and its hooks wait for.
@@ -329,6 +331,50 @@ def test_chart_automatic_migration_sends_only_gpu_pods_to_the_webhook(
             "--set", "autoMigration.enabled=true", "--set", "migration.enabled=false",
         )  # fmt: skip
         assert_only_gpu_and_opted_in_pods_reach_the_webhook(cluster, apps_namespace)
+    finally:
+        release_cleanup(cluster, release, restricted_namespace)
+
+
+SEED_SCOPE = {
+    "includes": {"namespaceNames": ["ml-team-a"]},
+    "excludes": {"podSelector": {"matchLabels": {"gpu-migration": "skip"}}},
+}
+"""The scope of `seeds/migrate-existing-workload.en.txt`, "Migrate automatically", step 1."""
+
+
+def test_upgrading_the_release_to_the_guides_automatic_migration_values(
+    cluster: Cluster, restricted_namespace: str, apps_namespace: str, tmp_path: Path
+) -> None:
+    """The seed's step: set the scope in the Helm values and upgrade the release. In this chart the switch
+    is `autoMigration.enabled` and the scope goes under `config.dynamicConfig.autoMigration`."""
+    release = "tfpool-upgrade"
+    values = tmp_path / "auto-migration.yaml"
+    values.write_text(
+        yaml.safe_dump(
+            {
+                "autoMigration": {"enabled": True},
+                "config": {"dynamicConfig": {"autoMigration": {"scope": SEED_SCOPE}}},
+            }
+        )
+    )
+    try:
+        cluster.helm(
+            "install", release, str(CHART), "-n", restricted_namespace, *EXTERNAL,
+            "--set", "migration.enabled=false",
+        )  # fmt: skip
+        native = pod("native-before", gpus=1)
+        assert create_pod(cluster, apps_namespace, native).returncode == 0, "off: never sent to the webhook"
+
+        cluster.helm(
+            "upgrade", release, str(CHART), "-n", restricted_namespace, "--reuse-values", "-f", str(values)
+        )
+
+        data = cluster.get("configmap", "tfpool-config", "-n", restricted_namespace)["data"]
+        migration = yaml.safe_load(data["config.yaml"])["dynamicConfig"]["autoMigration"]
+        assert migration == {"enable": True, "scope": SEED_SCOPE}
+        assert_only_gpu_and_opted_in_pods_reach_the_webhook(cluster, apps_namespace)
+        history = json.loads(cluster.helm("history", release, "-n", restricted_namespace, "-o", "json"))
+        assert [entry["revision"] for entry in history] == [1, 2]
     finally:
         release_cleanup(cluster, release, restricted_namespace)
 
