@@ -33,6 +33,7 @@ from tfcommon import subjects
 from tfcommon.bus import PUBLISH_TIMEOUT_S, NatsEventBus, inbox_prefix_for
 from tfcommon.events import WorkloadRef, WorkloadUnschedulable
 from tfcommon.infra import free_port, nats_server_binary, wait_for_port
+from tfcommon.nats_auth.node_access import CalloutKeys
 from tfcommon.subjects import StreamSpec
 
 pytestmark = pytest.mark.integration
@@ -113,7 +114,12 @@ class Cluster:
 def cluster(tmp_path: Path) -> Iterator[Cluster]:
     users = re.findall(r"user:\s*(\S+)\s+password:\s*\$(\w+)", (DEPLOY_NATS / "nats.conf").read_text())
     passwords = {user: f"pw-{user}" for user, _ in users}
-    environment = {"PATH": os.environ.get("PATH", ""), **{var: passwords[user] for user, var in users}}
+    issuer = CalloutKeys.from_secret(os.urandom(48).hex().encode()).issuer.public_key
+    environment = {
+        "PATH": os.environ.get("PATH", ""),
+        "NATS_CALLOUT_ISSUER": issuer,
+        **{var: passwords[user] for user, var in users},
+    }
     servers = [Server(name=f"tfpool-nats-{index}", store=tmp_path / f"n{index}") for index in range(3)]
     running = Cluster(servers, passwords, environment)
     for server in servers:
