@@ -350,3 +350,11 @@ spec:
     targetPort: {{ .portName }}
     protocol: TCP
 {{- end -}}
+
+{{/* "true" when automatic migration is on: autoMigration.enabled, or dynamicConfig.autoMigration.enable
+as TensorFusion's chart and the migration guide set it (top level or under config). */}}
+{{- define "tfpool.autoMigrationEnabled" -}}
+{{- $top := dig "autoMigration" "enable" false (default dict .Values.dynamicConfig) -}}
+{{- $underConfig := dig "dynamicConfig" "autoMigration" "enable" false (default dict .Values.config) -}}
+{{- or .Values.autoMigration.enabled $top $underConfig | toString -}}
+{{- end -}}

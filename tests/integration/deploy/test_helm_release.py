@@ -345,17 +345,12 @@ SEED_SCOPE = {
 def test_upgrading_the_release_to_the_guides_automatic_migration_values(
     cluster: Cluster, restricted_namespace: str, apps_namespace: str, tmp_path: Path
 ) -> None:
-    """The seed's step: set the scope in the Helm values and upgrade the release. In this chart the switch
-    is `autoMigration.enabled` and the scope goes under `config.dynamicConfig.autoMigration`."""
+    """The seed's step: set the scope in the Helm values, as the guide writes them (a top-level
+    `dynamicConfig` with `autoMigration.enable: true`), and upgrade the release."""
     release = "tfpool-upgrade"
     values = tmp_path / "auto-migration.yaml"
     values.write_text(
-        yaml.safe_dump(
-            {
-                "autoMigration": {"enabled": True},
-                "config": {"dynamicConfig": {"autoMigration": {"scope": SEED_SCOPE}}},
-            }
-        )
+        yaml.safe_dump({"dynamicConfig": {"autoMigration": {"enable": True, "scope": SEED_SCOPE}}})
     )
     try:
         cluster.helm(

@@ -420,6 +420,30 @@ def test_configuration_is_valid_and_automatic_migration_follows_its_switch() -> 
             assert config.dynamic_config.auto_migration.enable is enabled
 
 
+@pytest.mark.parametrize(
+    "switch",
+    [
+        "autoMigration.enabled",
+        "dynamicConfig.autoMigration.enable",
+        "config.dynamicConfig.autoMigration.enable",
+    ],
+)
+def test_the_guides_dynamic_config_values_switch_automatic_migration_on_like_our_own(switch: str) -> None:
+    objects = template(
+        {switch: "true", "dynamicConfig.autoMigration.scope.includes.namespaceNames[0]": "ml-team-a"}
+    )
+    config = parse_config(one(objects, "ConfigMap", "tfpool-config", NAMESPACE)["data"]["config.yaml"])
+    assert config.dynamic_config.auto_migration.enable is True
+    assert config.dynamic_config.auto_migration.scope is not None
+    assert config.dynamic_config.auto_migration.scope.includes is not None
+    assert config.dynamic_config.auto_migration.scope.includes.namespace_names == ("ml-team-a",)
+    webhook = one(objects, "MutatingWebhookConfiguration", "tfpool-webhook")["webhooks"][0]
+    assert [condition["name"] for condition in webhook["matchConditions"]] == [
+        "not-opted-out",
+        "opted-in-or-native-gpu",
+    ]
+
+
 def test_automatic_migration_narrows_the_webhook_with_match_conditions() -> None:
     off = one(template(), "MutatingWebhookConfiguration", "tfpool-webhook")["webhooks"][0]
     assert off["objectSelector"]["matchExpressions"][0]["key"] == "tensor-fusion.ai/enabled"
