@@ -11,11 +11,13 @@ A service is described by a `ServiceSpec` and run with `serve(spec, stop=...)` (
    skips Postgres altogether: no `TF_DATABASE_URL` is needed or read, none is waited for, and its
    `/readyz` has no `postgres` check;
 3. call `spec.compose(context)`: the service's own composition root. It returns `Components`: FastAPI
-   routers, named background tasks (pull-consumer loops, timers) and extra readiness checks. Anything it
-   opens that needs closing goes on `context.cleanup` (an `AsyncExitStack`);
+   routers, the message `handlers` by durable consumer, the periodic `timers`, other named background
+   tasks and extra readiness checks. Anything it opens that needs closing goes on `context.cleanup` (an
+   `AsyncExitStack`);
 4. serve HTTP with uvicorn (HTTPS when `spec.tls` is set) with `GET /healthz` (alive) and `GET /readyz`
    (200 only when NATS and Postgres (if used) answer and every extra check passes; 503 with a JSON body
-   naming what is down) plus the routers, and run the tasks;
+   naming what is down) plus the routers, and run the tasks: one pull-consumer loop
+   (`tfcommon.consumer.run_pull_consumer`) per handler and one loop per timer (`run_timer`) among them;
 5. on `stop` (SIGTERM/SIGINT): stop accepting connections, set `context.stopping` so the tasks finish
    their in-flight work and return, drain the NATS connection, close `context.cleanup` and the ledger,
    and return. A task that fails or returns before `stopping` is set stops the service with
@@ -29,7 +31,8 @@ A minimal service:
     async def compose(context: ServiceContext[SchedulerSettings]) -> Components:
         return Components(
             routers=[build_router(context.ledger)],
-            tasks={"schedule-workload": lambda: run_pull_consumer(..., stop=context.stopping)},
+            handlers={subjects.SCHEDULER_TRACK_NODES: track_nodes},
+            timers={"check-nodes": Timer(1.0, recheck_nodes)},
         )
 
     spec = ServiceSpec(name="scheduler", settings=SchedulerSettings(), port=8080, compose=compose)
@@ -45,10 +48,12 @@ import signal
 import socket
 import ssl
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from functools import partial
+from typing import Any, Generic, NamedTuple, TypeVar
 
 import uvicorn
 from fastapi import APIRouter, FastAPI, Request
@@ -61,12 +66,14 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from tfcommon import subjects
 from tfcommon.bus import NatsEventBus
+from tfcommon.consumer import Handler, run_pull_consumer
 from tfcommon.ledger.sql import SqlLedger
 from tfcommon.ledger.urls import DatabaseUrlError, ledger_url
 from tfcommon.logs import configure_logging
 from tfcommon.nats_tls import NatsTlsError, client_context
 from tfcommon.service_metrics import RequestTimer, metrics_router
 from tfcommon.settings import ServiceSettings
+from tfcommon.subjects import ConsumerSpec
 from tfcommon.telemetry import setup_telemetry
 from tfcommon.tls import TlsFiles
 
@@ -78,6 +85,30 @@ ReadinessCheck = Callable[[], Awaitable[str | None]]
 
 BackgroundTask = Callable[[], Awaitable[None]]
 """Runs until the service's `stopping` event is set, then finishes in-flight work and returns."""
+
+Round = Callable[[], Awaitable[object]]
+"""One round of a timer's periodic work."""
+
+
+class Timer(NamedTuple):
+    """Periodic work: `fn` every `interval_s` seconds (counted from the end of the previous round), the
+    first round after one interval, or at once with `at_start`. A round that raises is logged and the
+    next one runs as usual; a round in flight when the service stops is finished, none is started."""
+
+    interval_s: float
+    fn: Round
+    at_start: bool = False
+
+
+@dataclass(frozen=True)
+class Consume:
+    """A message handler with its pull loop's options (`tfcommon.consumer.run_pull_consumer`): `batch`
+    messages fetched at once, handled one after another or, with `concurrent`, together."""
+
+    handler: Handler
+    batch: int = 16
+    concurrent: bool = False
+
 
 PROBE_TIMEOUT_S = 2
 SHUTDOWN_TIMEOUT_S = 20.0
@@ -106,14 +137,20 @@ class ServiceFailedError(RuntimeError):
 class Components:
     """What a service plugs into the runtime, returned by its `compose` function.
 
-    `routers` are mounted on the service's FastAPI app. `tasks` maps a short name (used in logs) to a
-    coroutine function started after the server listens; each must return promptly once
-    `context.stopping` is set. `readiness` maps a name to an extra `/readyz` check. `front_routes`
-    maps `(method, path)` to a raw ASGI handler served ahead of FastAPI and its middleware (hot paths;
-    see `with_front_routes`).
+    `routers` are mounted on the service's FastAPI app. `handlers` maps a durable consumer (provisioned
+    by then: the service's own are, `subjects.consumers_of`) to the handler of its messages, a `Consume`
+    for other pull options; the runtime runs one pull loop each, named after the durable without the
+    service's prefix. `timers` maps a short name to a `Timer` or an `(interval_s, fn)` pair, run by
+    `run_timer`. `tasks` maps a short name (used in logs) to any other coroutine function started after
+    the server listens; each must return promptly once `context.stopping` is set. Names are unique
+    across the three. `readiness` maps a name to an extra `/readyz` check. `front_routes` maps
+    `(method, path)` to a raw ASGI handler served ahead of FastAPI and its middleware (hot paths; see
+    `with_front_routes`).
     """
 
     routers: Sequence[APIRouter] = ()
+    handlers: Mapping[ConsumerSpec, Handler | Consume] = field(default_factory=dict)
+    timers: Mapping[str, Timer | tuple[float, Round]] = field(default_factory=dict)
     tasks: Mapping[str, BackgroundTask] = field(default_factory=dict)
     readiness: Mapping[str, ReadinessCheck] = field(default_factory=dict)
     front_routes: Mapping[tuple[str, str], ASGIApp] = field(default_factory=dict)
@@ -586,7 +623,7 @@ async def _run_until_stopped(
     http = asyncio.create_task(_serve_http(server), name=f"{spec.name}-http")
     tasks = {
         asyncio.create_task(_guarded(name, task, context.stopping), name=f"{spec.name}-{name}"): name
-        for name, task in components.tasks.items()
+        for name, task in background_tasks(context, components).items()
     }
     stop_requested = asyncio.create_task(stop.wait())
     listening = asyncio.create_task(server.listening.wait())
@@ -645,6 +682,67 @@ def _first_failure(
         if task is http and not stop.is_set():
             return ServiceFailedError("http server stopped before the service was asked to stop")
     return None
+
+
+async def run_timer(name: str, timer: Timer | tuple[float, Round], stop: asyncio.Event) -> None:
+    """Run `timer` until `stop` is set: its `fn` every `interval_s` (see `Timer`). An exception from a
+    round is logged with its traceback (`service.timer_failed`) and the next round runs on time. Also
+    for timers bound to an event of their own (a leader's term) rather than the service's `stopping`."""
+    interval_s, fn, at_start = Timer(*timer)
+    if not at_start:
+        await _sleep_unless(stop, interval_s)
+    while not stop.is_set():
+        try:
+            await fn()
+        except Exception as error:
+            log.exception(
+                "timer round failed; the next round runs as usual",
+                extra={
+                    "event": "service.timer_failed",
+                    "task": name,
+                    "outcome": "retry",
+                    "reason": _first_line(error),
+                },
+            )
+        await _sleep_unless(stop, interval_s)
+
+
+async def _sleep_unless(stop: asyncio.Event, seconds: float) -> None:
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), timeout=seconds)
+
+
+def background_tasks(context: ServiceContext[Any], components: Components) -> dict[str, BackgroundTask]:
+    """Every background task of `components` by name: one pull loop per handler, one loop per timer,
+    then the plain tasks. Raises `ValueError` when two share a name."""
+    bus, stopping = context.bus, context.stopping
+    named: list[tuple[str, BackgroundTask]] = []
+    for consumer, handler in components.handlers.items():
+        consume = handler if isinstance(handler, Consume) else Consume(handler)
+        named.append(
+            (
+                consumer.durable.removeprefix(f"{consumer.service or context.name}-"),
+                partial(
+                    run_pull_consumer,
+                    bus.js,
+                    consumer,
+                    consume.handler,
+                    bus=bus,
+                    service=context.name,
+                    stop=stopping,
+                    batch=consume.batch,
+                    concurrent=consume.concurrent,
+                ),
+            )
+        )
+    named.extend(
+        (name, partial(run_timer, name, timer, stopping)) for name, timer in components.timers.items()
+    )
+    named.extend(components.tasks.items())
+    twice = sorted(name for name, count in Counter(name for name, _ in named).items() if count > 1)
+    if twice:
+        raise ValueError(f"background tasks named twice: {', '.join(twice)}")
+    return dict(named)
 
 
 async def _guarded(name: str, task: BackgroundTask, stopping: asyncio.Event) -> None:

@@ -6,21 +6,27 @@ from __future__ import annotations
 import asyncio
 import socket
 import ssl
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from uuid import uuid4
 
 import httpx
 import pytest
 from fastapi import APIRouter
 from support.polling import eventually
+from tfcommon import subjects
+from tfcommon.bus import NatsEventBus
+from tfcommon.events import Message, NodeHeartbeatSent
 from tfcommon.infra import EmbeddedNats, free_port
 from tfcommon.runtime import (
     Components,
     ServiceContext,
     ServiceFailedError,
     ServiceSpec,
+    Timer,
     no_components,
     serve,
 )
@@ -136,6 +142,53 @@ async def test_a_failing_background_task_stops_the_service_with_its_reason(
     spec = spec_for(scheduler_settings(nats_url, database_url), compose)
     with pytest.raises(ServiceFailedError, match="rebuild-view failed: ledger schema is missing table gpu"):
         await asyncio.wait_for(serve(spec, stop=asyncio.Event()), timeout=30)
+
+
+async def test_declared_handlers_consume_published_messages_and_timers_tick_until_stopped(
+    nats_url: str, database_url: str
+) -> None:
+    node = f"runtime-{uuid4().hex[:8]}"
+    heard: list[NodeHeartbeatSent] = []
+    ticks: list[str] = []
+    buses: list[NatsEventBus] = []
+
+    async def track_nodes(message: Message) -> Sequence[Message]:
+        if isinstance(message, NodeHeartbeatSent) and message.node == node:
+            heard.append(message)
+        return ()
+
+    async def tick() -> None:
+        ticks.append("tick")
+        if len(ticks) == 2:
+            raise RuntimeError("one round fails; the timer goes on")
+
+    async def compose(context: ServiceContext[SchedulerSettings]) -> Components:
+        buses.append(context.bus)
+        return Components(
+            handlers={subjects.SCHEDULER_TRACK_NODES: track_nodes},
+            timers={"tick": Timer(0.02, tick, at_start=True)},
+        )
+
+    spec = spec_for(scheduler_settings(nats_url, database_url), compose)
+    base_url = f"http://127.0.0.1:{spec.port}"
+    async with running(spec) as service:
+        await eventually(lambda: readyz(base_url, 200))
+        heartbeat = NodeHeartbeatSent(
+            event_id=uuid4(),
+            occurred_at=datetime.now(UTC),
+            node=node,
+            pool="default",
+            gpu_count=1,
+            interval_ms=1_000,
+        )
+        await buses[0].publish(heartbeat)
+        await eventually(lambda: heard or None, "the handler received the heartbeat")
+        await eventually(lambda: len(ticks) >= 4, "the timer ticked past its failed round")
+    assert service.result() is None, "handlers and timers stop cleanly"
+    assert [message.event_id for message in heard] == [heartbeat.event_id]
+    stopped_at = len(ticks)
+    await asyncio.sleep(0.1)
+    assert len(ticks) == stopped_at, "no round after the service stopped"
 
 
 async def test_an_extra_readiness_check_can_hold_readiness(nats_url: str, database_url: str) -> None:
