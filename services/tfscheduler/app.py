@@ -12,7 +12,6 @@ writer, cordon sync and pending retries (`kubernetes_tasks`); every replica serv
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from datetime import timedelta
@@ -31,19 +30,22 @@ from tfcommon.cluster.leader import ElectionTimings
 from tfcommon.cluster.leader_election import LeaderElector, default_identity, default_namespace
 from tfcommon.cluster.port import LeaseStore
 from tfcommon.config import ConfigSource, load_config
-from tfcommon.consumer import run_pull_consumer
+from tfcommon.consumer import Handler, run_pull_consumer
 from tfcommon.events import AllocationReleased, Message, WorkloadSubmitted
 from tfcommon.ledger.outbox import OutboxRelay
 from tfcommon.pool_source import ClusterPoolSource, follow_gpu_pools
 from tfcommon.runtime import (
     Components,
+    Consume,
     ServiceContext,
     ServiceSpec,
+    Timer,
     freeze_full_collection_survivors,
     freeze_startup_heap,
     run_service,
 )
 from tfcommon.settings import SchedulerKubernetesSettings, SchedulerSettings
+from tfcommon.subjects import ConsumerSpec
 
 from tfscheduler.api import build_router, front_routes
 from tfscheduler.core.quota import NamespaceQuota, QuotaError, parse_quota
@@ -89,14 +91,6 @@ def load_quotas(path: Path | None) -> dict[str, NamespaceQuota]:
             raise QuotaError(f"{path} (document {position + 1}): {error}") from error
         quotas[quota.namespace] = quota
     return quotas
-
-
-async def _every(interval_s: float, stop: asyncio.Event, work: Callable[[], Awaitable[None]]) -> None:
-    while not stop.is_set():
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), timeout=interval_s)
-        if not stop.is_set():
-            await _survive_outage(work)
 
 
 async def _survive_outage(work: Callable[[], Awaitable[object]]) -> None:
@@ -159,37 +153,21 @@ async def compose(context: ServiceContext[SchedulerSettings]) -> Components:
         if elector is None or elector.is_leader:
             await scheduler.retry_pending()
 
-    tasks = {
-        "schedule-workload": lambda: run_pull_consumer(
-            context.bus.js,
-            subjects.SCHEDULER_SCHEDULE_WORKLOAD,
-            schedule_workload,
-            bus=context.bus,
-            service=SERVICE,
-            stop=stop,
-            batch=SUBMISSIONS_FETCHED,
-            concurrent=True,  # submissions fetched together are placed in one batch
+    handlers: dict[ConsumerSpec, Handler | Consume] = {
+        # submissions fetched together are placed in one batch
+        subjects.SCHEDULER_SCHEDULE_WORKLOAD: Consume(
+            schedule_workload, batch=SUBMISSIONS_FETCHED, concurrent=True
         ),
-        "track-nodes": lambda: run_pull_consumer(
-            context.bus.js,
-            subjects.SCHEDULER_TRACK_NODES,
-            inventory_handler(context.ledger, scheduler),
-            bus=context.bus,
-            service=SERVICE,
-            stop=stop,
-        ),
+        subjects.SCHEDULER_TRACK_NODES: inventory_handler(context.ledger, scheduler),
+        subjects.SCHEDULER_RELEASE_ALLOCATIONS: release_handler(scheduler),
+    }
+    timers = {
+        "check-nodes": Timer(options.node_check_interval_s, scheduler.recheck_nodes),
+        "refresh-view": Timer(options.refresh_interval_s, refresh),
+    }
+    tasks: Tasks = {
         "node-allocations": lambda: serve_node_allocations(context.bus, context.ledger, stop),
-        "release-allocations": lambda: run_pull_consumer(
-            context.bus.js,
-            subjects.SCHEDULER_RELEASE_ALLOCATIONS,
-            release_handler(scheduler),
-            bus=context.bus,
-            service=SERVICE,
-            stop=stop,
-        ),
         "retry-pending": lambda: _retry_on_freed_capacity(scheduler, stop),
-        "check-nodes": lambda: _every(options.node_check_interval_s, stop, scheduler.recheck_nodes),
-        "refresh-view": lambda: _every(options.refresh_interval_s, stop, refresh),
     }
     follow_releases = release_tasks(scheduler, context.bus)
     routers = [build_router(scheduler, context.settings.api_token)]
@@ -228,7 +206,7 @@ async def compose(context: ServiceContext[SchedulerSettings]) -> Components:
         tasks["outbox-relay"] = lambda: relay.run(stop)
     freeze_startup_heap()
     freeze_full_collection_survivors()
-    return Components(routers=routers, tasks=tasks, front_routes=front)
+    return Components(routers=routers, handlers=handlers, timers=timers, tasks=tasks, front_routes=front)
 
 
 def with_quota_status(

@@ -17,7 +17,6 @@ dimension) and `tf_quota_alert_threshold_reached` (0 or 1) are on the scheduler'
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
@@ -30,6 +29,7 @@ from tfcommon.cluster.manifests import warning_event
 from tfcommon.cluster.model import Applied, ClusterError, CustomObject, CustomResource
 from tfcommon.ledger.sql import SqlLedger
 from tfcommon.quota import quota_objects, quotas_in_force
+from tfcommon.runtime import Timer, run_timer
 from tfcommon.unsupported_fields import find_condition, same_condition, with_condition
 
 from tfscheduler.core.quota import (
@@ -153,13 +153,14 @@ class QuotaStatusWriter:
         self._written: dict[str, tuple[str, Usage]] = {}
 
     async def run(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            try:
-                await self.sync()
-            except (ClusterError, OSError) as error:
-                log.warning("writing GPUResourceQuota status failed, will retry: %s", error)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=self.interval_s)
+        """`sync` now and every `interval_s` until `stop` is set (a runtime timer)."""
+        await run_timer("quota-status", Timer(self.interval_s, self._round, at_start=True), stop)
+
+    async def _round(self) -> None:
+        try:
+            await self.sync()
+        except (ClusterError, OSError) as error:
+            log.warning("writing GPUResourceQuota status failed, will retry: %s", error)
 
     async def sync(self) -> int:
         """One round: every quota object whose usage changed gets its status; returns how many."""

@@ -11,12 +11,12 @@ runs it in Kubernetes mode (on the leader, with leader election), as it already 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 from datetime import UTC, datetime
 
 from tfcommon.cluster import Applied, Cluster, ClusterError, CustomObject, CustomResource
+from tfcommon.runtime import Timer, run_timer
 from tfcommon.unsupported_fields import (
     CONDITION,
     find_condition,
@@ -47,13 +47,14 @@ class UnsupportedFieldsReporter:
         self.clock = clock
 
     async def run(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            try:
-                await self.sync()
-            except ClusterError as error:
-                log.warning("writing the %s condition failed, will retry: %s", CONDITION, error)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=self.interval_s)
+        """`sync` now and every `interval_s` until `stop` is set (a runtime timer)."""
+        await run_timer("spec-conditions", Timer(self.interval_s, self._round, at_start=True), stop)
+
+    async def _round(self) -> None:
+        try:
+            await self.sync()
+        except ClusterError as error:
+            log.warning("writing the %s condition failed, will retry: %s", CONDITION, error)
 
     async def sync(self, *, nodes: bool | None = None) -> int:
         """One round over GPUPool and GPUResourceQuota objects, and GPUNode ones when `nodes` (default:

@@ -1,12 +1,12 @@
 """Found by the fault campaign: a Postgres restart made the scheduler's periodic node check raise, and
-the failed task stopped the whole scheduler (and with it `tfctl up`). A failed round now only waits
-for the next one."""
+the failed task stopped the whole scheduler (and with it `tfctl up`). The scheduler's periodic work
+runs as the runtime's timers (`Components.timers`): a failed round now only waits for the next one."""
 
 from __future__ import annotations
 
 import asyncio
 
-from tfscheduler.app import _every
+from tfcommon.runtime import Timer, run_timer
 
 
 async def test_a_failed_periodic_round_is_retried_on_the_next_round() -> None:
@@ -19,5 +19,5 @@ async def test_a_failed_periodic_round_is_retried_on_the_next_round() -> None:
             raise ConnectionError("the database system is starting up")
         stop.set()
 
-    await asyncio.wait_for(_every(0.01, stop, check_nodes), timeout=10)
+    await asyncio.wait_for(run_timer("check-nodes", Timer(0.01, check_nodes), stop), timeout=10)
     assert rounds == ["round", "round"]
