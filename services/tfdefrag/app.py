@@ -1,6 +1,6 @@
 """Composition root of the defrag-planner service (plans node compaction and evicts one workload at a time).
 
-Only wiring lives here: `compose` plugs the plan API, the start-campaign consumer and the tick loop into
+Only wiring lives here: `compose` plugs the plan API, the start-campaign handler and the tick timer into
 the shared runtime (`tfcommon.runtime`); decisions live in `tfdefrag.core`. Nothing is built at import time.
 The cluster is the Kubernetes API server when running in a pod (or with `$KUBECONFIG`); otherwise (local
 mode) the scheduler's HTTP API, which holds the workloads and evicts them (`SchedulerApiCluster`).
@@ -17,10 +17,9 @@ from tfcommon.cluster import Cluster
 from tfcommon.cluster.kubernetes import KubernetesCluster
 from tfcommon.cluster.scheduler_api import SchedulerApiCluster
 from tfcommon.config import ConfigSource
-from tfcommon.consumer import run_pull_consumer
 from tfcommon.pool_capacity import capacity_of
 from tfcommon.pool_source import wire_gpu_pools
-from tfcommon.runtime import Components, ServiceContext, ServiceSpec, run_service
+from tfcommon.runtime import Components, ServiceContext, ServiceSpec, Timer, run_service
 from tfcommon.settings import DefragSettings
 
 from tfdefrag.api import build_router
@@ -71,24 +70,12 @@ def make_compose(
         )
         deps.pool_capacity = lambda pool: capacity_of(pools.current(), pool)
         service = DefragService(deps=deps, config=pools)
-
-        async def start_campaigns() -> None:
-            await run_pull_consumer(
-                context.bus.js,
-                subjects.DEFRAG_START_CAMPAIGN,
-                service.start_from_command,
-                bus=context.bus,
-                service=SERVICE,
-                stop=context.stopping,
-            )
-
+        context.cleanup.push_async_callback(service.stop_campaigns)
         return Components(
             routers=[build_router(service)],
-            tasks={
-                "start-campaign": start_campaigns,
-                "tick": lambda: service.run_ticks(context.stopping, settings.tick_interval_s),
-                **pool_tasks,
-            },
+            handlers={subjects.DEFRAG_START_CAMPAIGN: service.start_from_command},
+            timers={"tick": Timer(settings.tick_interval_s, service.tick, at_start=True)},
+            tasks=pool_tasks,
         )
 
     return compose

@@ -5,7 +5,6 @@ trigger, and the dry-run plan the API serves. I/O shell around `tfdefrag.core`.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -250,14 +249,8 @@ class DefragService:
                     pod.namespace, pod.name, labels=labels, annotations=annotations
                 )
 
-    async def run_ticks(self, stopping: asyncio.Event, interval_s: float) -> None:
-        while not stopping.is_set():
-            try:
-                await self.tick()
-            except Exception:
-                log.exception("defrag tick failed", extra={"event": "defrag.tick_failed"})
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stopping.wait(), timeout=interval_s)
+    async def stop_campaigns(self) -> None:
+        """Cancel the campaigns still running (the service is stopping) and wait for them to end."""
         for task in self.campaigns.values():
             task.cancel()
         await asyncio.gather(*self.campaigns.values(), return_exceptions=True)
