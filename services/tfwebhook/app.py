@@ -23,11 +23,11 @@ from tfcommon.ledger.recommendations import RecommendationCache, RecommendationS
 from tfcommon.ledger.takeover import TakeoverGate, TakeoverLedger
 from tfcommon.pool_source import wire_gpu_pools
 from tfcommon.runtime import (
-    BackgroundTask,
     Components,
     ServiceContext,
     ServiceSpec,
     StartupError,
+    Timer,
     freeze_startup_heap,
     run_service,
 )
@@ -35,6 +35,7 @@ from tfcommon.settings import WebhookSettings
 from tfcommon.tls import TlsFiles, ensure_self_signed
 
 from tfwebhook.http import (
+    CERTIFICATE_CHECK_S,
     AdmissionService,
     CertificateReloader,
     NamespaceLabels,
@@ -45,7 +46,6 @@ from tfwebhook.namespaces import NamespaceLabelCache, local_namespace_labels
 from tfwebhook.pod_index import SequencePodIndices
 from tfwebhook.profiles import wire_profiles
 from tfwebhook.quotas import wire_quotas
-from tfwebhook.recommendations import refresh_recommendations
 from tfwebhook.takeover_recheck import TakeoverRecheck
 
 if TYPE_CHECKING:
@@ -54,6 +54,9 @@ if TYPE_CHECKING:
 SERVICE = "webhook"
 DEFAULT_STATE_DIR = Path(".tf")
 NAMESPACE_LABELS_TTL_S = 10.0
+RECOMMENDATIONS_REFRESH_S = 30.0
+"""How often the webhook's copy of the stored autoscaling recommendations (`workload_recommendation`) is
+read again, off the admission path; admissions read only the copy, and a failed read keeps the last one."""
 
 
 def kubernetes_cluster(cleanup: AsyncExitStack) -> KubernetesCluster | None:
@@ -110,17 +113,17 @@ def composer(tls: TlsFiles) -> Callable[[ServiceContext[WebhookSettings]], Await
             profiles=profiles,
         )
         context.cleanup.push_async_callback(service.drain)
-        tasks: dict[str, BackgroundTask] = {
-            "recommendations": lambda: refresh_recommendations(recommendations, context.stopping),
-            **pool_tasks,
-            **quota_tasks,
-            **profile_tasks,
-        }
+        timers = {"recommendations": Timer(RECOMMENDATIONS_REFRESH_S, recommendations.refresh, at_start=True)}
         if context.ssl_context is not None:
             reloader = CertificateReloader(context.ssl_context, tls.cert_file, tls.key_file)
-            tasks["certificate-reload"] = lambda: reloader.watch(context.stopping)
+            timers["certificate-reload"] = Timer(CERTIFICATE_CHECK_S, reloader.round, at_start=True)
         freeze_startup_heap()
-        return Components(routers=[build_router(service)], tasks=tasks, front_routes=front_routes(service))
+        return Components(
+            routers=[build_router(service)],
+            timers=timers,
+            tasks={**pool_tasks, **quota_tasks, **profile_tasks},
+            front_routes=front_routes(service),
+        )
 
     return compose
 

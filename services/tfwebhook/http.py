@@ -588,6 +588,10 @@ def _signature(*paths: Path) -> tuple[tuple[int, int, int], ...] | None:
         return None
 
 
+CERTIFICATE_CHECK_S = 1.0
+"""How often the serving certificate's files are checked for a rotation."""
+
+
 class CertificateReloader:
     """Loads a rotated certificate and key into the live server `ssl.SSLContext` (new connections).
 
@@ -619,11 +623,6 @@ class CertificateReloader:
         log.info("certificate reloaded", extra={"event": "webhook.tls_reload", "outcome": "ok"})
         return True
 
-    async def watch(self, stopping: asyncio.Event, interval_s: float = 1.0) -> None:
-        """Check every `interval_s` until `stopping` is set."""
-        while not stopping.is_set():
-            self.check()
-            try:
-                await asyncio.wait_for(stopping.wait(), timeout=interval_s)
-            except TimeoutError:
-                continue
+    async def round(self) -> None:
+        """One `check`, as the round of a runtime timer (every `CERTIFICATE_CHECK_S`)."""
+        self.check()
