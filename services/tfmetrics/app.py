@@ -1,13 +1,11 @@
 """Composition root of the metrics service (serves metrics, billing, fragmentation KPIs and the dashboard).
 
-Only wiring lives here: `compose` plugs routers, consumers and tasks into the shared runtime
+Only wiring lives here: `compose` plugs routers, handlers, timers and tasks into the shared runtime
 (`tfcommon.runtime`); decisions live in `tfmetrics.core`. Nothing is built at import time.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 from datetime import timedelta
 from decimal import Decimal
@@ -15,10 +13,9 @@ from functools import partial
 
 from tfcommon import subjects
 from tfcommon.config import ConfigSource
-from tfcommon.consumer import run_pull_consumer
 from tfcommon.ledger.recommendations import RecommendationStore
 from tfcommon.pool_source import wire_gpu_pools
-from tfcommon.runtime import Components, ServiceContext, ServiceSpec, run_service
+from tfcommon.runtime import Components, ServiceContext, ServiceSpec, Timer, run_service
 from tfcommon.settings import MetricsSettings
 from tfcommon.telemetry import setup_telemetry
 
@@ -87,47 +84,38 @@ async def compose(context: ServiceContext[MetricsSettings], clock: Clock = utc_n
     context.cleanup.callback(detach)
 
     async def refresh_ledger() -> None:
-        while not context.stopping.is_set():
-            try:
-                await view.refresh()
-            except Exception as error:
-                view.last_error = str(error).splitlines()[0] if str(error) else type(error).__name__
-                _log.warning(
-                    "ledger read failed; keeping the last snapshot",
-                    extra={"event": "metrics.refresh_failed", "outcome": "error", "reason": view.last_error},
-                )
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(context.stopping.wait(), timeout=settings.refresh_interval_s)
+        try:
+            await view.refresh()
+        except Exception as error:
+            view.last_error = str(error).splitlines()[0] if str(error) else type(error).__name__
+            _log.warning(
+                "ledger read failed; keeping the last snapshot",
+                extra={"event": "metrics.refresh_failed", "outcome": "error", "reason": view.last_error},
+            )
+
+    loaded = False
 
     async def sample_history() -> None:
-        loaded = False
-        while not context.stopping.is_set():
-            try:
-                if not loaded:
-                    await history.load()
-                    loaded = True
-                await history.record(view.snapshot)
-            except Exception as error:
-                _log.warning(
-                    "pool history not stored; retrying next refresh",
-                    extra={"event": "metrics.history_failed", "outcome": "error", "reason": str(error)},
-                )
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(context.stopping.wait(), timeout=settings.refresh_interval_s)
+        nonlocal loaded
+        try:
+            if not loaded:
+                await history.load()
+                loaded = True
+            await history.record(view.snapshot)
+        except Exception as error:
+            _log.warning(
+                "pool history not stored; retrying next refresh",
+                extra={"event": "metrics.history_failed", "outcome": "error", "reason": str(error)},
+            )
 
     async def recommend() -> None:
-        while not context.stopping.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(context.stopping.wait(), timeout=settings.recommendation_interval_s)
-            if context.stopping.is_set():
-                return
-            try:
-                await recommender.run_once()
-            except Exception as error:
-                _log.warning(
-                    "recommendations not stored; retrying next interval",
-                    extra={"event": "metrics.recommend_failed", "outcome": "error", "reason": str(error)},
-                )
+        try:
+            await recommender.run_once()
+        except Exception as error:
+            _log.warning(
+                "recommendations not stored; retrying next interval",
+                extra={"event": "metrics.recommend_failed", "outcome": "error", "reason": str(error)},
+            )
 
     async def bill_for_window(window: timedelta, quantum: Decimal) -> Bill:
         end = utc_now()
@@ -158,29 +146,16 @@ async def compose(context: ServiceContext[MetricsSettings], clock: Clock = utc_n
             ),
             build_recommendations_router(recommendations, config.current),
         ],
-        tasks={
-            **pool_tasks,
-            **price_tasks,
-            "refresh-ledger": refresh_ledger,
-            "sample-history": sample_history,
-            "recommend": recommend,
-            "record-usage": lambda: run_pull_consumer(
-                context.bus.js,
-                subjects.METRICS_RECORD_USAGE,
-                record_usage_handler(view, recommender.usage),
-                bus=context.bus,
-                service=context.name,
-                stop=context.stopping,
-            ),
-            "count-events": lambda: run_pull_consumer(
-                context.bus.js,
-                subjects.METRICS_COUNT_EVENTS,
-                count_events_handler(board),
-                bus=context.bus,
-                service=context.name,
-                stop=context.stopping,
-            ),
+        handlers={
+            subjects.METRICS_RECORD_USAGE: record_usage_handler(view, recommender.usage),
+            subjects.METRICS_COUNT_EVENTS: count_events_handler(board),
         },
+        timers={
+            "refresh-ledger": Timer(settings.refresh_interval_s, refresh_ledger, at_start=True),
+            "sample-history": Timer(settings.refresh_interval_s, sample_history, at_start=True),
+            "recommend": Timer(settings.recommendation_interval_s, recommend),
+        },
+        tasks={**pool_tasks, **price_tasks},
     )
 
 
