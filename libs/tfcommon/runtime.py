@@ -66,7 +66,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from tfcommon import subjects
 from tfcommon.bus import NatsEventBus
-from tfcommon.consumer import Handler, run_pull_consumer
+from tfcommon.consumer import Handler, metric_consumer, run_pull_consumer
 from tfcommon.ledger.sql import SqlLedger
 from tfcommon.ledger.urls import DatabaseUrlError, ledger_url
 from tfcommon.logs import configure_logging
@@ -140,12 +140,12 @@ class Components:
     `routers` are mounted on the service's FastAPI app. `handlers` maps a durable consumer (provisioned
     by then: the service's own are, `subjects.consumers_of`) to the handler of its messages, a `Consume`
     for other pull options; the runtime runs one pull loop each, named after the durable without the
-    service's prefix. `timers` maps a short name to a `Timer` or an `(interval_s, fn)` pair, run by
-    `run_timer`. `tasks` maps a short name (used in logs) to any other coroutine function started after
-    the server listens; each must return promptly once `context.stopping` is set. Names are unique
-    across the three. `readiness` maps a name to an extra `/readyz` check. `front_routes` maps
-    `(method, path)` to a raw ASGI handler served ahead of FastAPI and its middleware (hot paths; see
-    `with_front_routes`).
+    service's prefix (nor a node agent's node). `timers` maps a short name to a `Timer` or an
+    `(interval_s, fn)` pair, run by `run_timer`. `tasks` maps a short name (used in logs) to any other
+    coroutine function started after the server listens; each must return promptly once
+    `context.stopping` is set. Names are unique across the three. `readiness` maps a name to an extra
+    `/readyz` check. `front_routes` maps `(method, path)` to a raw ASGI handler served ahead of FastAPI
+    and its middleware (hot paths; see `with_front_routes`).
     """
 
     routers: Sequence[APIRouter] = ()
@@ -721,7 +721,7 @@ def background_tasks(context: ServiceContext[Any], components: Components) -> di
         consume = handler if isinstance(handler, Consume) else Consume(handler)
         named.append(
             (
-                consumer.durable.removeprefix(f"{consumer.service or context.name}-"),
+                metric_consumer(consumer).removeprefix(f"{consumer.service or context.name}-"),
                 partial(
                     run_pull_consumer,
                     bus.js,

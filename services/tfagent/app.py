@@ -20,7 +20,6 @@ from kubernetes.config import ConfigException
 from tfcommon import subjects
 from tfcommon.cluster.kubernetes import KubernetesCluster
 from tfcommon.cluster.model import Pod
-from tfcommon.consumer import run_pull_consumer
 from tfcommon.events import Message
 from tfcommon.gpu_models import GpuModelSpec
 from tfcommon.runtime import (
@@ -127,16 +126,6 @@ async def compose(context: ServiceContext[AgentSettings]) -> Components:
         runner.stop_if_released(message)
         return await agent.track_allocation(message)
 
-    async def track_allocations() -> None:
-        await run_pull_consumer(
-            context.bus.js,
-            allocations,
-            track_allocation,
-            bus=context.bus,
-            service=SERVICE,
-            stop=context.stopping,
-        )
-
     commands = NodeCommands(node, agent, runner, ledger)
 
     async def supervise_workers() -> None:
@@ -145,21 +134,9 @@ async def compose(context: ServiceContext[AgentSettings]) -> Components:
         # Before the HTTP server waits for open streams: a worker's stream ends when its command does.
         await runner.close()
 
-    async def run_commands() -> None:
-        await run_pull_consumer(
-            context.bus.js,
-            commands_consumer,
-            commands.handle,
-            bus=context.bus,
-            service=SERVICE,
-            stop=context.stopping,
-        )
-
     tasks: dict[str, BackgroundTask] = {
         "restore-allocations": partial(restore_allocations, agent, ledger, context.stopping),
         "agent": run_agent,
-        "track-allocations": track_allocations,
-        "run-commands": run_commands,
         "workers": supervise_workers,
     }
     if custom_resources is not None:
@@ -170,7 +147,11 @@ async def compose(context: ServiceContext[AgentSettings]) -> Components:
         build_router(agent, settings.api_token, processes=runner.describe),
         build_workers_router(runner, settings.api_token),
     ]
-    return Components(routers=routers, tasks=tasks)
+    return Components(
+        routers=routers,
+        handlers={allocations: track_allocation, commands_consumer: commands.handle},
+        tasks=tasks,
+    )
 
 
 async def restore_allocations(agent: NodeAgent, ledger: SchedulerLedger, stopping: asyncio.Event) -> None:

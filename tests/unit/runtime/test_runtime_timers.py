@@ -7,10 +7,14 @@ import asyncio
 import itertools
 import logging
 import time
+from functools import partial
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from tfcommon.runtime import Components, ServiceContext, Timer, background_tasks, run_timer
+from tfcommon import subjects
+from tfcommon.events import Message
+from tfcommon.runtime import Components, Consume, ServiceContext, Timer, background_tasks, run_timer
 
 
 async def test_a_timer_runs_its_work_every_interval_until_stopped() -> None:
@@ -93,11 +97,11 @@ async def test_a_round_in_flight_when_stopped_is_finished_and_no_other_starts() 
     assert finished == ["round"]
 
 
-def _context(stopping: asyncio.Event) -> ServiceContext[Any]:
+def _context(stopping: asyncio.Event, name: str = "scheduler") -> ServiceContext[Any]:
     return ServiceContext(
-        name="scheduler",
+        name=name,
         settings=None,
-        bus=None,  # type: ignore[arg-type]
+        bus=SimpleNamespace(js=None),  # type: ignore[arg-type]
         stopping=stopping,
         cleanup=None,  # type: ignore[arg-type]
         ssl_context=None,
@@ -128,3 +132,26 @@ def test_a_timer_and_a_task_of_the_same_name_are_refused() -> None:
         background_tasks(
             _context(asyncio.Event()), Components(timers={"tick": (1.0, work)}, tasks={"tick": work})
         )
+
+
+async def _ignore(message: Message) -> list[Message]:
+    return []
+
+
+def test_handlers_are_named_after_their_durable_without_service_or_node() -> None:
+    tasks = background_tasks(
+        _context(asyncio.Event(), "node-agent"),
+        Components(
+            handlers={
+                subjects.node_agent_track_allocations("gpu-node-1"): _ignore,
+                subjects.node_agent_run_commands("gpu-node-1"): Consume(_ignore, batch=4, concurrent=True),
+            }
+        ),
+    )
+    assert sorted(tasks) == ["run-commands", "track-allocations"]
+    loop = tasks["run-commands"]
+    assert isinstance(loop, partial)
+    assert loop.keywords["batch"] == 4
+    assert loop.keywords["concurrent"] is True
+    assert loop.keywords["service"] == "node-agent"
+    assert loop.args[1] == subjects.node_agent_run_commands("gpu-node-1")
