@@ -71,6 +71,17 @@ def _scheduler(result: Mapping[str, Any]) -> list[Figure]:
                     "ms",
                 )
             )
+        rebuild = run.get("rebuild")
+        if rebuild:
+            found.append(
+                figure(
+                    f"longest event-loop stall during the periodic view rebuild, {run['nodes']:,} nodes",
+                    rebuild["threads_loop_stall_max_ms"],
+                    "ms",
+                    baseline="the same rebuild read and built in the event loop (as before)",
+                    baseline_value=rebuild["in_loop_loop_stall_max_ms"],
+                )
+            )
     return found
 
 

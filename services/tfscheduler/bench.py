@@ -58,10 +58,10 @@ from tfcommon.ledger import tables
 from tfcommon.ledger.outbox import OutboxRelay
 from tfcommon.ledger.records import ReservationRequest, Reserved, ShareRequest
 from tfcommon.ledger.sql import SqlLedger
-from tfcommon.placement import PlacementRequest
+from tfcommon.placement import ClusterView, PlacementRequest
 from tfcommon.runtime import freeze_full_collection_survivors, freeze_startup_heap
 
-from tfscheduler.core.view import allocation_id_for
+from tfscheduler.core.view import allocation_id_for, build_snapshot
 from tfscheduler.engine import Scheduler
 from tfscheduler.submission import Submission
 
@@ -719,10 +719,44 @@ async def _in_process(ledger: SqlLedger, bus: NatsEventBus, load: _Load) -> dict
                     **result.pop("witness"),
                 }
             result.pop("offered_started_at", None)
+        result["rebuild"] = await _rebuild_stalls(scheduler, ledger)
     finally:
         stop.set()
         await relay_task
     return {**result, "burst_ids": list(burst.due), "burst_pending": burst.pending}
+
+
+REBUILD_ROUNDS = 3
+
+
+async def _rebuild_stalls(scheduler: Scheduler, ledger: SqlLedger) -> dict[str, Any]:
+    """The periodic rebuild of the view from the ledger (`Scheduler.start`, reading and building in
+    worker threads), against the same rebuild read and built in the event loop (as the scheduler did
+    before): each one's wall time and the longest stall of the event loop while it ran, medians of
+    `REBUILD_ROUNDS` alternating rounds on the placements the run left."""
+
+    async def in_the_loop() -> None:
+        nodes, gpus = await ledger.list_nodes(), await ledger.list_gpus()
+        allocations = await ledger.active_allocations()
+        snapshot = build_snapshot(
+            nodes, gpus, allocations, scheduler.clock(), heartbeat_timeout=SIMULATED_NODES_SILENT_FOR
+        )
+        ClusterView(snapshot.nodes.values())
+
+    measured: dict[str, list[tuple[float, float]]] = {"threads": [], "in_loop": []}
+    for _round in range(REBUILD_ROUNDS):
+        for name, rebuild in (("threads", scheduler.start), ("in_loop", in_the_loop)):
+            with _TailWitness() as witness:
+                await asyncio.sleep(LOOP_TICK_S * 4)
+                began = time.perf_counter()
+                await rebuild()
+                seconds = time.perf_counter() - began
+            measured[name].append((seconds, max(witness.loop_lag_ms, default=0.0)))
+    summary: dict[str, Any] = {"rounds": REBUILD_ROUNDS}
+    for name, rounds in measured.items():
+        summary[f"{name}_seconds"] = round(statistics.median(seconds for seconds, _ in rounds), 3)
+        summary[f"{name}_loop_stall_max_ms"] = round(statistics.median(stall for _, stall in rounds), 1)
+    return summary
 
 
 async def _phases(

@@ -265,6 +265,16 @@ class AllocationRecord:
 
 
 @dataclass(frozen=True)
+class PlacementFacts:
+    """What a placement view is built from, read in one snapshot: every node and GPU (ordered by
+    name, and by node then index) and every allocation not yet released (oldest first)."""
+
+    nodes: list[NodeRecord]
+    gpus: list[GpuRecord]
+    allocations: list[AllocationRecord]
+
+
+@dataclass(frozen=True)
 class HistoryRecord:
     """One append-only history entry for one GPU share (billing and audits replay these)."""
 

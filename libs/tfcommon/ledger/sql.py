@@ -8,10 +8,12 @@ This module does not publish to NATS and does not decide placement.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
 import re
+import threading
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -20,7 +22,7 @@ from uuid import UUID
 
 import psycopg
 import sqlalchemy as sa
-from sqlalchemy import Executable, Row, and_, select, text, update
+from sqlalchemy import Engine, Executable, Row, and_, create_engine, select, text, update
 from sqlalchemy.dialects.postgresql import JSONB, Insert, insert
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
@@ -50,6 +52,7 @@ from tfcommon.ledger.records import (
     NamespaceShare,
     NodeRecord,
     NodeSpec,
+    PlacementFacts,
     PoolRecord,
     QuotaHeld,
     ReservationRejected,
@@ -67,6 +70,9 @@ log = logging.getLogger(__name__)
 Clock = Callable[[], datetime]
 
 DEADLOCK_ATTEMPTS = 5
+FACTS_FETCHED_AT_ONCE = 2_000
+"""Rows `placement_facts` fetches at a time: converting 80,000 GPU rows in one call holds the
+interpreter for tens of milliseconds, in which the event loop's thread cannot run."""
 RETRYABLE_SQLSTATES = frozenset({"40P01", "40001"})  # deadlock_detected, serialization_failure
 
 
@@ -83,6 +89,8 @@ class SqlLedger:
     def __init__(self, engine: AsyncEngine, *, clock: Clock = utc_now) -> None:
         self.engine = engine
         self._clock = clock
+        self._reader: Engine | None = None
+        self._reader_lock = threading.Lock()
 
     @classmethod
     def create(cls, database_url: str, *, pool_size: int = 10, clock: Clock = utc_now) -> SqlLedger:
@@ -93,6 +101,10 @@ class SqlLedger:
         return cls(engine, clock=clock)
 
     async def close(self) -> None:
+        with self._reader_lock:
+            reader, self._reader = self._reader, None
+        if reader is not None:
+            await asyncio.to_thread(reader.dispose)
         await self.engine.dispose()
 
     # ------------------------------------------------------------------------------ registration
@@ -238,6 +250,45 @@ class SqlLedger:
                 select(tables.gpu).order_by(tables.gpu.c.node_name, tables.gpu.c.index)
             )
             return [_gpu_record(row) for row in rows]
+
+    async def placement_facts(self) -> PlacementFacts:
+        """Every node, GPU and active allocation in one consistent snapshot (a repeatable-read
+        transaction), read and decoded in a worker thread over a connection of its own: at 10,000
+        nodes that is 90,000 rows and about 2 s of CPU, which would otherwise stall the event loop
+        (and every submission waiting on it) in one stretch."""
+        return await asyncio.to_thread(self._read_placement_facts)
+
+    def _read_placement_facts(self) -> PlacementFacts:
+        with self._blocking_reader().connect() as connection:
+            connection = connection.execution_options(
+                isolation_level="REPEATABLE READ", stream_results=True, yield_per=FACTS_FETCHED_AT_ONCE
+            )
+            with connection.begin():
+                nodes = [
+                    _node_record(row)
+                    for row in connection.execute(select(tables.node).order_by(tables.node.c.name))
+                ]
+                gpus = [
+                    _gpu_record(row)
+                    for row in connection.execute(
+                        select(tables.gpu).order_by(tables.gpu.c.node_name, tables.gpu.c.index)
+                    )
+                ]
+                allocations = _allocation_records(
+                    connection.execute(
+                        select(tables.allocation)
+                        .where(tables.allocation.c.state != "released")
+                        .order_by(tables.allocation.c.created_at, tables.allocation.c.id)
+                    ).all()
+                )
+        return PlacementFacts(nodes=nodes, gpus=gpus, allocations=allocations)
+
+    def _blocking_reader(self) -> Engine:
+        """A synchronous engine on the same database, one pooled connection, for worker threads."""
+        with self._reader_lock:
+            if self._reader is None:
+                self._reader = create_engine(self.engine.url, pool_size=1, max_overflow=1, pool_pre_ping=True)
+            return self._reader
 
     async def get_gpu(self, gpu_uuid: str) -> GpuRecord | None:
         async with self.engine.connect() as connection:

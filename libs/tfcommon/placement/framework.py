@@ -180,6 +180,19 @@ class ClusterView:
     def __len__(self) -> int:
         return len(self._nodes)
 
+    @property
+    def version(self) -> int:
+        """How many node changes (`upsert`, `remove`, `apply`, `release`) the view has had."""
+        return self._changes_base + len(self._changes)
+
+    def changed_since(self, version: int) -> set[str] | None:
+        """The names of the nodes changed since the view was at `version`; None when its change log no
+        longer reaches back that far (`CHANGE_LOG_LIMIT` changes)."""
+        start = version - self._changes_base
+        if start < 0:
+            return None
+        return set(self._changes[start:])
+
     def upsert(self, node: Node) -> None:
         if node.name in self._nodes:
             self._leave_group(node.name)
@@ -265,7 +278,7 @@ class ClusterView:
         self, profile: Profile, request: PlacementRequest, memo: dict[int, _Outcome], limit: int
     ) -> _Ranking:
         key = (id(profile), request.key)
-        version = self._changes_base + len(self._changes)
+        version = self.version
         ranking = self._rankings.get(key)
         if ranking is not None and ranking.version != version:
             ranking = self._refresh(ranking, profile, request, memo, version)

@@ -82,3 +82,25 @@ async def test_gpu_registration_errors_name_the_field_to_fix(ledger: SqlLedger) 
         await ledger.upsert_gpu(an_h100(gpu, node, capacity_vram_bytes=20 * GIB))
     with pytest.raises(LedgerInputError, match=r"gpu\.index: node '.*' already has another GPU at index 0"):
         await ledger.upsert_gpu(an_h100(f"gpu-{uuid4()}", node, index=0))
+
+
+async def test_placement_facts_read_in_one_snapshot_are_what_the_single_reads_return(
+    ledger: SqlLedger,
+) -> None:
+    kept, kept_gpus = await a_node_with_gpus(ledger, gpus=3)
+    other, other_gpus = await a_node_with_gpus(ledger, gpus=1)
+    placed = await ledger.reserve(a_reservation(kept, {kept_gpus[1]: (20_000, 4 * GIB)}))
+    freed = await ledger.reserve(a_reservation(other, {other_gpus[0]: (50_000, 8 * GIB)}))
+    assert isinstance(placed, Reserved)
+    assert isinstance(freed, Reserved)
+    assert await ledger.release(freed.allocation.allocation_id, "completed")
+
+    facts = await ledger.placement_facts()
+
+    assert facts.nodes == await ledger.list_nodes()
+    assert facts.gpus == await ledger.list_gpus()
+    assert facts.allocations == await ledger.active_allocations()
+    active = {a.allocation_id for a in facts.allocations}
+    assert placed.allocation.allocation_id in active
+    assert freed.allocation.allocation_id not in active
+    assert {gpu.uuid for gpu in facts.gpus} >= {*kept_gpus, *other_gpus}

@@ -58,3 +58,15 @@ def test_each_way_in_places_every_pod_and_is_compared_with_reserve_many_in_its_b
     tail = result["runs"][0]["tail"]
     assert tail["batches"]["count"] >= 1
     assert {"gc_pause_max_ms", "loop_lag_p99_ms", "relay_passes"} <= set(tail)
+    rebuild = result["runs"][0]["rebuild"]
+    assert rebuild["rounds"] == 3
+    assert set(rebuild) == {
+        "rounds",
+        "threads_seconds",
+        "threads_loop_stall_max_ms",
+        "in_loop_seconds",
+        "in_loop_loop_stall_max_ms",
+    }
+    assert rebuild["threads_seconds"] > 0
+    assert rebuild["in_loop_seconds"] > 0
+    assert "rebuild" not in result["runs"][1]  # measured in process only
