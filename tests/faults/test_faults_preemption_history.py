@@ -53,7 +53,7 @@ class PublishThenQueue(Scheduler):
         reason = f"preempted by {preemptor.namespace}/{preemptor.name}"
         if await self.ledger.release(allocation_id, reason, evicted=True):
             self.view.release(victim.holding)
-        self.active.pop(allocation_id, None)
+        self.active.drop(allocation_id)
         now = self.clock()
         await self.store.set_state(allocation_id, "evicted", reason, now)
         await self.bus.publish(
