@@ -65,7 +65,7 @@ from sqlalchemy.pool import NullPool
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from tfcommon import subjects
-from tfcommon.bus import NatsEventBus
+from tfcommon.bus import EventBus, NatsEventBus
 from tfcommon.consumer import Handler, metric_consumer, run_pull_consumer
 from tfcommon.ledger.sql import SqlLedger
 from tfcommon.ledger.urls import DatabaseUrlError, ledger_url
@@ -160,9 +160,10 @@ class Components:
 class ServiceContext(Generic[SettingsT]):
     """The running service's shared dependencies, handed to `compose`.
 
-    `bus` is connected (its `.nc` / `.js` are the NATS connection and JetStream context) and the streams
-    are provisioned; `ledger` is open (reading it, or `database_url`, in a service that runs without
-    the ledger raises `NoLedgerError`). `stopping` is set when the service begins to shut down.
+    `bus` is where the service publishes (the `EventBus` protocol); `nats` is the same connected bus as
+    NATS, for what only NATS does (`.nc` / `.js`: request-reply, consumers a service provisions itself).
+    The streams are provisioned; `ledger` is open (reading it, or `database_url`, in a service that runs
+    without the ledger raises `NoLedgerError`). `stopping` is set when the service begins to shut down.
     `cleanup` is closed after the tasks have returned and the bus has drained (last in, first out).
     `ssl_context` is the live server context when serving HTTPS: loading a new chain into it
     (`load_cert_chain`) rotates the certificate for new connections without a restart.
@@ -170,12 +171,16 @@ class ServiceContext(Generic[SettingsT]):
 
     name: str
     settings: SettingsT
-    bus: NatsEventBus
+    nats: NatsEventBus
     stopping: asyncio.Event
     cleanup: AsyncExitStack
     ssl_context: ssl.SSLContext | None
     open_ledger: SqlLedger | None = None
     open_database_url: str | None = None
+
+    @property
+    def bus(self) -> EventBus:
+        return self.nats
 
     @property
     def ledger(self) -> SqlLedger:
@@ -585,7 +590,7 @@ async def serve(spec: ServiceSpec[SettingsT], *, stop: asyncio.Event) -> None:
         context = ServiceContext(
             name=spec.name,
             settings=spec.settings,
-            bus=bus,
+            nats=bus,
             stopping=asyncio.Event(),
             cleanup=cleanup,
             ssl_context=ssl_context,
@@ -715,7 +720,7 @@ async def _sleep_unless(stop: asyncio.Event, seconds: float) -> None:
 def background_tasks(context: ServiceContext[Any], components: Components) -> dict[str, BackgroundTask]:
     """Every background task of `components` by name: one pull loop per handler, one loop per timer,
     then the plain tasks. Raises `ValueError` when two share a name."""
-    bus, stopping = context.bus, context.stopping
+    bus, stopping = context.nats, context.stopping
     named: list[tuple[str, BackgroundTask]] = []
     for consumer, handler in components.handlers.items():
         consume = handler if isinstance(handler, Consume) else Consume(handler)

@@ -109,11 +109,11 @@ async def compose(context: ServiceContext[AgentSettings]) -> Components:
         on_inventory=None if custom_resources is None else custom_resources.notify,
     )
     agent_holder.append(agent)
-    ledger = SchedulerLedger(context.bus, node)
+    ledger = SchedulerLedger(context.nats, node)
     allocations = subjects.node_agent_track_allocations(node)
-    await subjects.provision_consumer(context.bus.js, allocations)
+    await subjects.provision_consumer(context.nats.js, allocations)
     commands_consumer = subjects.node_agent_run_commands(node)
-    await subjects.provision_consumer(context.bus.js, commands_consumer)
+    await subjects.provision_consumer(context.nats.js, commands_consumer)
 
     async def run_agent() -> None:
         if await agent.register_until_done(context.stopping) is not None:

@@ -166,10 +166,10 @@ async def compose(context: ServiceContext[SchedulerSettings]) -> Components:
         "refresh-view": Timer(options.refresh_interval_s, refresh),
     }
     tasks: Tasks = {
-        "node-allocations": lambda: serve_node_allocations(context.bus, context.ledger, stop),
+        "node-allocations": lambda: serve_node_allocations(context.nats, context.ledger, stop),
         "retry-pending": lambda: _retry_on_freed_capacity(scheduler, stop),
     }
-    follow_releases = release_tasks(scheduler, context.bus)
+    follow_releases = release_tasks(scheduler, context.nats)
     routers = [build_router(scheduler, context.settings.api_token)]
     front = front_routes(scheduler, context.settings.api_token, SERVICE)
     if isinstance(scheduler, KubernetesScheduler):

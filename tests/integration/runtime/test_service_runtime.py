@@ -18,7 +18,7 @@ import pytest
 from fastapi import APIRouter
 from support.polling import eventually
 from tfcommon import subjects
-from tfcommon.bus import NatsEventBus
+from tfcommon.bus import EventBus
 from tfcommon.events import Message, NodeHeartbeatSent
 from tfcommon.infra import EmbeddedNats, free_port
 from tfcommon.runtime import (
@@ -150,7 +150,7 @@ async def test_declared_handlers_consume_published_messages_and_timers_tick_unti
     node = f"runtime-{uuid4().hex[:8]}"
     heard: list[NodeHeartbeatSent] = []
     ticks: list[str] = []
-    buses: list[NatsEventBus] = []
+    buses: list[EventBus] = []
 
     async def track_nodes(message: Message) -> Sequence[Message]:
         if isinstance(message, NodeHeartbeatSent) and message.node == node:

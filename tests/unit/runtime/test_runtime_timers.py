@@ -101,7 +101,7 @@ def _context(stopping: asyncio.Event, name: str = "scheduler") -> ServiceContext
     return ServiceContext(
         name=name,
         settings=None,
-        bus=SimpleNamespace(js=None),  # type: ignore[arg-type]
+        nats=SimpleNamespace(js=None),  # type: ignore[arg-type]
         stopping=stopping,
         cleanup=None,  # type: ignore[arg-type]
         ssl_context=None,
