@@ -80,6 +80,7 @@ from tfcommon.pool_capacity import (
 
 from tfscheduler.core.gang import GangCount, gang_reason, timed_out
 from tfscheduler.core.learning import RecentWorkload, same_target
+from tfscheduler.core.lifecycle import Transition, target
 from tfscheduler.core.preemption import Candidate, NoPreemption, Priority, plan_preemption
 from tfscheduler.core.quota import (
     NamespaceQuota,
@@ -1228,7 +1229,7 @@ class Scheduler:
         self.active.drop(hold_id)
         self.active.put(stored.allocation_id, self._active(result.allocation, stored))
         await self._rebuild_node(node.name)
-        await self.store.set_state(stored.allocation_id, "placed", None, self.clock())
+        await self.store.transition(stored.allocation_id, Transition.PLACE, None, self.clock())
         log.info(
             "replacement placed into its defrag hold",
             extra={
@@ -1296,7 +1297,9 @@ class Scheduler:
                 # Another scheduler placed (or ended) it meanwhile: report what the ledger holds.
                 statuses[stored.allocation_id] = await self._status_of(stored.allocation_id)
                 continue
-            statuses[stored.allocation_id] = _status(replace(stored, state="pending", reason=reason))
+            statuses[stored.allocation_id] = _status(
+                replace(stored, state=target(Transition.WAIT), reason=reason)
+            )
         return statuses
 
     def _quick_placement(self, stored: StoredWorkload) -> tuple[Placement, GpuRequest] | None:
@@ -1471,7 +1474,7 @@ class Scheduler:
         record = result.allocation
         now = self.clock()
         if record.state == "released":
-            await self.store.set_state(stored.allocation_id, "ended", record.release_reason, now)
+            await self.store.transition(stored.allocation_id, Transition.END, record.release_reason, now)
             return await self._status_of(stored.allocation_id)
         if result.replayed:
             await self._rebuild_node(record.node)
@@ -1480,16 +1483,23 @@ class Scheduler:
         if record.state == "reserved":
             await self.ledger.commit(record.allocation_id)
         self.active.put(record.allocation_id, self._active(record, stored))
-        await self.store.set_state(stored.allocation_id, "placed", None, now)
+        await self.store.transition(stored.allocation_id, Transition.PLACE, None, now)
         return _placed_status(record)
 
     async def _refuse(self, stored: StoredWorkload, reason: str, cause: UUID | None) -> WorkloadStatus:
         async with self.ledger.transaction() as transaction:
-            await self.store.set_state(
-                stored.allocation_id, "refused", reason, self.clock(), connection=transaction.connection
+            moved = await self.store.transition(
+                stored.allocation_id,
+                Transition.REFUSE,
+                reason,
+                self.clock(),
+                connection=transaction.connection,
             )
-            await transaction.announce(self._unschedulable(stored, reason, None, cause))
-        return _status(replace(stored, state="refused", reason=reason))
+            if moved:
+                await transaction.announce(self._unschedulable(stored, reason, None, cause))
+        if not moved:
+            return await self._status_of(stored.allocation_id)
+        return _status(replace(stored, state=target(Transition.REFUSE), reason=reason))
 
     async def _wait(
         self,
@@ -1504,19 +1514,14 @@ class Scheduler:
             # Another scheduler placed (or ended) this workload meanwhile; report what the ledger holds.
             return await self._status_of(stored.allocation_id)
         async with self.ledger.transaction() as transaction:
-            moved = await self.store.set_state(
-                stored.allocation_id,
-                "pending",
-                reason,
-                self.clock(),
-                only_from=("pending",),
-                connection=transaction.connection,
+            moved = await self.store.transition(
+                stored.allocation_id, Transition.WAIT, reason, self.clock(), connection=transaction.connection
             )
             if moved and (announce or stored.reason != reason):
                 await transaction.announce(self._unschedulable(stored, reason, rejection, cause))
         if not moved:
             return await self._status_of(stored.allocation_id)
-        return _status(replace(stored, state="pending", reason=reason))
+        return _status(replace(stored, state=target(Transition.WAIT), reason=reason))
 
     def _unschedulable(
         self, stored: StoredWorkload, reason: str, rejection: Rejection | None, cause: UUID | None
@@ -1586,7 +1591,7 @@ class Scheduler:
         """The workload store's part of an eviction, in the eviction's transaction: the workload
         `evicted` and, when there is one, its replacement pending (an existing one stays as it is)."""
         connection = transaction.connection
-        await self.store.set_state(allocation_id, "evicted", reason, now, connection=connection)
+        await self.store.transition(allocation_id, Transition.EVICT, reason, now, connection=connection)
         if replacement is not None:
             await self.store.insert_many(
                 [(allocation_id_for(replacement.workload), replacement)], now, connection=connection
@@ -1660,9 +1665,7 @@ class Scheduler:
                     record = await self.ledger.get_allocation(allocation_id)
                     if record is not None:
                         await self._rebuild_node(record.node)
-            await self.store.set_state(
-                allocation_id, "ended", reason, self.clock(), only_from=("pending", "placed")
-            )
+            await self.store.transition(allocation_id, Transition.END, reason, self.clock())
         if released:
             self.capacity_freed.set()
         return released
@@ -1682,9 +1685,7 @@ class Scheduler:
                 # shows the capacity free, and releasing it again would count it twice.
                 await self._rebuild_node(active.record.node)
             # Also when a full refresh dropped it from `active` first: the stored state must not stay placed.
-            await self.store.set_state(
-                allocation_id, "ended", reason, self.clock(), only_from=("pending", "placed")
-            )
+            await self.store.transition(allocation_id, Transition.END, reason, self.clock())
         if active is not None:
             self.capacity_freed.set()
         return active is not None
@@ -1704,7 +1705,7 @@ class Scheduler:
                 return WorkloadStatus(
                     id=allocation_id,
                     workload=record.workload,
-                    state="placed",
+                    state=target(Transition.PLACE),
                     node=record.node,
                     gpu_uuids=tuple(share.gpu_uuid for share in record.shares),
                 )
@@ -1873,7 +1874,7 @@ def _placed_status(record: AllocationRecord) -> WorkloadStatus:
     return WorkloadStatus(
         id=record.allocation_id,
         workload=record.workload,
-        state="placed",
+        state=target(Transition.PLACE),
         node=record.node,
         gpu_uuids=tuple(share.gpu_uuid for share in record.shares),
     )

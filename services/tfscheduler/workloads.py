@@ -17,6 +17,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import JSONB, insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from tfscheduler.core.lifecycle import INITIAL_STATE, Transition, sources, target
 from tfscheduler.core.preemption import QOS_RANK
 from tfscheduler.submission import Submission, WorkloadState
 
@@ -44,7 +45,7 @@ INSERT INTO scheduler_workload (
     allocation_id, namespace, name, uid, submission, priority, qos_rank, state, submitted_at, updated_at
 )
 SELECT r.allocation_id, r.namespace, r.name, r.uid, r.submission, r.priority, r.qos_rank,
-    'pending', :now, :now
+    :initial, :now, :now
 FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS r(
     allocation_id uuid, namespace text, name text, uid text, submission jsonb,
     priority integer, qos_rank integer
@@ -58,7 +59,7 @@ _KEEP_PENDING = sa.text(
     """
 UPDATE scheduler_workload AS w SET reason = r.reason, updated_at = :now
 FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS r(allocation_id uuid, reason text)
-WHERE w.allocation_id = r.allocation_id AND w.state = 'pending'
+WHERE w.allocation_id = r.allocation_id AND w.state = ANY(:waiting)
 RETURNING w.allocation_id
 """
 )
@@ -69,8 +70,8 @@ LIVE_STATES = ("pending", "placed")
 
 _MARK_PLACED = sa.text(
     """
-UPDATE scheduler_workload AS w SET state = 'placed', reason = NULL, updated_at = :now
-WHERE w.allocation_id = ANY(:allocation_ids)
+UPDATE scheduler_workload AS w SET state = :placed, reason = NULL, updated_at = :now
+WHERE w.allocation_id = ANY(:allocation_ids) AND w.state = ANY(:placeable)
   AND EXISTS (SELECT 1 FROM allocation AS a WHERE a.allocation_id = w.allocation_id AND a.state <> 'released')
 """
 )
@@ -79,7 +80,12 @@ WHERE w.allocation_id = ANY(:allocation_ids)
 def mark_placed(allocation_ids: list[UUID], now: datetime) -> sa.TextClause:
     """The stored workloads among `allocation_ids` that hold a live allocation, moved to `placed`: run in
     the reservations' transaction, so a workload is placed exactly when its allocation is written."""
-    return _MARK_PLACED.bindparams(allocation_ids=allocation_ids, now=now)
+    return _MARK_PLACED.bindparams(
+        allocation_ids=allocation_ids,
+        now=now,
+        placed=target(Transition.PLACE),
+        placeable=list(sources(Transition.PLACE)),
+    )
 
 
 @dataclass(frozen=True)
@@ -119,7 +125,7 @@ class WorkloadStore:
                 submission=submission.model_dump(mode="json"),
                 priority=submission.priority,
                 qos_rank=QOS_RANK[submission.request.qos],
-                state="pending",
+                state=INITIAL_STATE,
                 submitted_at=now,
                 updated_at=now,
             )
@@ -159,7 +165,7 @@ class WorkloadStore:
         if not reasons:
             return set()
         rows = [{"allocation_id": str(key), "reason": reason} for key, reason in reasons.items()]
-        parameters = {"rows": json.dumps(rows), "now": now}
+        parameters = {"rows": json.dumps(rows), "now": now, "waiting": list(sources(Transition.WAIT))}
         if connection is not None:
             return {allocation_id for (allocation_id,) in await connection.execute(_KEEP_PENDING, parameters)}
         async with self.engine.begin() as own:
@@ -174,23 +180,26 @@ class WorkloadStore:
             ).first()
             return None if row is None else _stored(row)
 
-    async def set_state(
+    async def transition(
         self,
         allocation_id: UUID,
-        state: WorkloadState,
+        transition: Transition,
         reason: str | None,
         now: datetime,
         *,
-        only_from: tuple[WorkloadState, ...] | None = None,
         connection: AsyncConnection | None = None,
     ) -> bool:
-        """Move the workload to `state`; with `only_from`, only if it is in one of those states now.
-        With `connection`, within the caller's open transaction (it commits or rolls back with it)."""
-        statement = sa.update(scheduler_workload).where(scheduler_workload.c.allocation_id == allocation_id)
-        if only_from is not None:
-            statement = statement.where(scheduler_workload.c.state.in_(only_from))
-        moved = statement.values(state=state, reason=reason, updated_at=now).returning(
-            scheduler_workload.c.allocation_id
+        """Apply `transition` (`tfscheduler.core.lifecycle`) to the workload, only from a state the
+        table allows it from; True when it moved. With `connection`, within the caller's open
+        transaction (it commits or rolls back with it)."""
+        moved = (
+            sa.update(scheduler_workload)
+            .where(
+                scheduler_workload.c.allocation_id == allocation_id,
+                scheduler_workload.c.state.in_(sources(transition)),
+            )
+            .values(state=target(transition), reason=reason, updated_at=now)
+            .returning(scheduler_workload.c.allocation_id)
         )
         if connection is not None:
             return (await connection.execute(moved)).first() is not None
@@ -261,9 +270,11 @@ async def _insert_many(
         }
         for allocation_id, submission in submissions.items()
     ]
-    inserted = await connection.execute(_INSERT_MANY, {"rows": json.dumps(rows), "now": now})
+    inserted = await connection.execute(
+        _INSERT_MANY, {"rows": json.dumps(rows), "now": now, "initial": INITIAL_STATE}
+    )
     found = {
-        allocation_id: StoredWorkload(allocation_id, submissions[allocation_id], "pending", None, now)
+        allocation_id: StoredWorkload(allocation_id, submissions[allocation_id], INITIAL_STATE, None, now)
         for (allocation_id,) in inserted
     }
     missing = [allocation_id for allocation_id in submissions if allocation_id not in found]

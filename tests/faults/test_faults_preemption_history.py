@@ -34,6 +34,7 @@ from tfcommon.ledger.sql import SqlLedger
 from tfctl.fault_checks import Operation, WorkloadKey
 from tfctl.faults import read_history, read_stream_events
 from tfctl.history_check import BillPeriod, HistoryFigures, history_figures
+from tfscheduler.core.lifecycle import Transition
 from tfscheduler.core.preemption import Candidate
 from tfscheduler.core.view import allocation_id_for
 from tfscheduler.engine import Scheduler
@@ -55,7 +56,7 @@ class PublishThenQueue(Scheduler):
             self.view.release(victim.holding)
         self.active.drop(allocation_id)
         now = self.clock()
-        await self.store.set_state(allocation_id, "evicted", reason, now)
+        await self.store.transition(allocation_id, Transition.EVICT, reason, now)
         await self.bus.publish(
             PodEvicted(
                 event_id=uuid5(allocation_id, "evicted"),
