@@ -51,7 +51,7 @@ from tfscheduler.api import build_router, front_routes
 from tfscheduler.core.quota import NamespaceQuota, QuotaError, parse_quota
 from tfscheduler.engine import Scheduler, placement_problems
 from tfscheduler.inventory import inventory_handler
-from tfscheduler.kubernetes_mode import KubernetesScheduler, wire_kubernetes
+from tfscheduler.kubernetes_mode import wire_kubernetes
 from tfscheduler.node_requests import release_handler, serve_node_allocations
 from tfscheduler.quota_source import ClusterQuotas, QuotaStatusWriter, follow_quotas
 from tfscheduler.submission import Submission
@@ -125,7 +125,7 @@ async def _retry_on_freed_capacity(scheduler: Scheduler, stop: asyncio.Event) ->
 async def compose(context: ServiceContext[SchedulerSettings]) -> Components:
     options = SchedulerOptions()
     kubernetes = context.settings.kubernetes
-    scheduler = (KubernetesScheduler if kubernetes.mode == "kubernetes" else Scheduler)(
+    scheduler = Scheduler(
         context.ledger,
         context.bus,
         config=load_config(context.settings.config_file),
@@ -172,7 +172,7 @@ async def compose(context: ServiceContext[SchedulerSettings]) -> Components:
     follow_releases = release_tasks(scheduler, context.nats)
     routers = [build_router(scheduler, context.settings.api_token)]
     front = front_routes(scheduler, context.settings.api_token, SERVICE)
-    if isinstance(scheduler, KubernetesScheduler):
+    if kubernetes.mode == "kubernetes":
         from tfcommon.cluster.kubernetes import KubernetesCluster
 
         cluster = KubernetesCluster.from_environment(
@@ -260,7 +260,7 @@ def leader_elector(
 
 
 def kubernetes_tasks(
-    scheduler: KubernetesScheduler,
+    scheduler: Scheduler,
     settings: SchedulerKubernetesSettings,
     stop: asyncio.Event,
     *,

@@ -101,6 +101,7 @@ from tfscheduler.core.view import (
     placement_of,
     placement_request,
 )
+from tfscheduler.eviction import Evictor, LocalEvictor, Removal
 from tfscheduler.submission import Submission, WorkloadStatus
 from tfscheduler.workloads import StoredWorkload, WorkloadStore, mark_placed
 
@@ -239,8 +240,12 @@ class Scheduler:
         heartbeat_timeout: timedelta | None = None,
         clock: Callable[[], datetime] = utc_now,
         name: str = "scheduler",
+        evictor: Evictor | None = None,
     ) -> None:
         self.ledger = ledger
+        self.evictor: Evictor = evictor or LocalEvictor()
+        """How preemption removes a victim (`tfscheduler.eviction`): local by default; Kubernetes mode
+        sets the Eviction API's."""
         self.bus = bus
         self.store = WorkloadStore(ledger.engine)
         self._config = config or TfConfig()
@@ -1450,10 +1455,16 @@ class Scheduler:
     def _candidates(self, below: Priority) -> list[Candidate]:
         """The allocations a workload of priority `below` may preempt: lower priority, not a defrag
         hold (capacity kept for a pod in flight, with no pod to evict), not a gang member (evicting one
-        would split its gang)."""
+        would split its gang), and not one the evictor is not to try again yet."""
         candidates = []
         for active in self.active.values():
-            if active.priority >= below or active.record.allocation_id in self.holds or active.gang:
+            allocation_id = active.record.allocation_id
+            if (
+                active.priority >= below
+                or allocation_id in self.holds
+                or active.gang
+                or not self.evictor.may_evict(allocation_id)
+            ):
                 continue
             node = self.view.nodes.get(active.record.node)
             if node is None:
@@ -1539,9 +1550,13 @@ class Scheduler:
         )
 
     async def _evict(self, victim: Candidate, preemptor: WorkloadRef) -> None:
-        """Local eviction: release the victim as evicted and queue its replacement (the local controller),
-        one committed fact with its event (`_commit_preemption`)."""
-        await self._commit_preemption(victim, preemptor, pod_evicted=False)
+        """Remove the victim through the evictor, then record its preemption as one committed fact with
+        its event (`_commit_preemption`): with its replacement when the scheduler is its controller."""
+        removal = await self.evictor.remove(victim)
+        if removal is Removal.REFUSED:
+            return
+        replaced_by_controller = removal is Removal.REPLACED_BY_CONTROLLER
+        await self._commit_preemption(victim, preemptor, pod_evicted=replaced_by_controller)
 
     async def _commit_preemption(
         self, victim: Candidate, preemptor: WorkloadRef, *, pod_evicted: bool

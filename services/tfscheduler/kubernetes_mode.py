@@ -27,14 +27,13 @@ from tfcommon.cluster import (
     Bound,
     Cluster,
     ClusterError,
-    EvictionBlocked,
     NotFound,
     Pod,
     PodEvent,
     PodEventType,
     PodWatch,
 )
-from tfcommon.events import DriftDetected, WorkloadRef
+from tfcommon.events import DriftDetected
 from tfcommon.ledger.records import ReservationRequest, Reserved, ShareRequest
 from tfcommon.ledger.sql import BatchAbandonedError
 from tfcommon.ledger.takeover import TakeoverLedger, release_takeover
@@ -50,53 +49,16 @@ from tfscheduler.core.binding import (
     pod_work,
     workload_of,
 )
-from tfscheduler.core.preemption import Candidate, Priority
 from tfscheduler.core.view import allocation_id_for, placement_request
 from tfscheduler.engine import Scheduler
+from tfscheduler.eviction import ApiEvictor
 from tfscheduler.spec_conditions import UnsupportedFieldsReporter
 from tfscheduler.status_writer import StatusWriter
 from tfscheduler.submission import WorkloadStatus
 
 log = logging.getLogger("tfscheduler.kubernetes")
-EVICTION_RETRY_S = 10.0
 WATCH_RETRY_S = 1.0
 TAKEOVER_SWEEP_GRACE = timedelta(minutes=1)
-
-
-class KubernetesScheduler(Scheduler):
-    """The engine with Kubernetes preemption: victims are evicted through the Eviction API
-    (`Cluster.evict_pod`); a victim whose disruption budget refuses is skipped for a while."""
-
-    cluster: Cluster | None = None
-    eviction_retry_s: float = EVICTION_RETRY_S
-    """How long a victim whose eviction was refused is skipped when the server gives no retry time."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._eviction_refused_until: dict[UUID, float] = {}
-
-    def _candidates(self, below: Priority) -> list[Candidate]:
-        now = asyncio.get_running_loop().time()
-        return [
-            candidate
-            for candidate in super()._candidates(below)
-            if self._eviction_refused_until.get(UUID(str(candidate.allocation_id)), 0.0) <= now
-        ]
-
-    async def _evict(self, victim: Candidate, preemptor: WorkloadRef) -> None:
-        if self.cluster is None:
-            await super()._evict(victim, preemptor)
-            return
-        allocation_id = UUID(str(victim.allocation_id))
-        result = await self.cluster.evict_pod(victim.workload.namespace, victim.workload.name)
-        if isinstance(result, EvictionBlocked):
-            wait_s = float(result.retry_after_s or self.eviction_retry_s)
-            self._eviction_refused_until[allocation_id] = asyncio.get_running_loop().time() + wait_s
-            log.info("eviction of %s refused: %s", victim.workload.name, result.reason)
-            return
-        # The pod is gone: its release, its state and `tf.evt.pod.evicted` commit as one (the
-        # ReplicaSet recreates it, so no replacement is recorded here).
-        await self._commit_preemption(victim, preemptor, pod_evicted=True)
 
 
 @dataclass(frozen=True)
@@ -595,12 +557,12 @@ class KubernetesWiring:
 
 
 def wire_kubernetes(
-    scheduler: KubernetesScheduler, settings: SchedulerKubernetesSettings, *, cluster: Cluster | None = None
+    scheduler: Scheduler, settings: SchedulerKubernetesSettings, *, cluster: Cluster | None = None
 ) -> KubernetesWiring:
-    """Kubernetes mode for `scheduler`, on `cluster` or the API server from the environment."""
+    """Kubernetes mode for `scheduler`, on `cluster` or the API server from the environment: its
+    preemption evicts through the Eviction API (`ApiEvictor`)."""
     opened = cluster or open_cluster(settings)
-    scheduler.cluster = opened
-    scheduler.eviction_retry_s = settings.pending_retry_interval_s
+    scheduler.evictor = ApiEvictor(opened, retry_s=settings.pending_retry_interval_s)
     status = StatusWriter(
         scheduler.ledger,
         opened,

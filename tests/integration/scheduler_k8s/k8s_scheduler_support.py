@@ -21,7 +21,8 @@ from tfcommon.cluster.kubernetes import KubernetesCluster
 from tfcommon.ledger.records import GpuSpec, NodeSpec
 from tfcommon.ledger.sql import SqlLedger
 from tfcommon.settings import SchedulerKubernetesSettings
-from tfscheduler.kubernetes_mode import KubernetesMode, KubernetesScheduler, wire_kubernetes
+from tfscheduler.engine import Scheduler
+from tfscheduler.kubernetes_mode import KubernetesMode, wire_kubernetes
 from tfscheduler.status_writer import StatusWriter
 
 GIB = 1024**3
@@ -162,7 +163,7 @@ class Running:
 
     state: ApiServerState
     cluster: KubernetesCluster
-    scheduler: KubernetesScheduler
+    scheduler: Scheduler
     mode: KubernetesMode
     status: StatusWriter
     stopping: asyncio.Event
@@ -186,7 +187,7 @@ class Running:
 async def start_scheduler(state: ApiServerState, url: str, ledger: SqlLedger, bus: NatsEventBus) -> Running:
     """The scheduler as `tfctl serve scheduler` wires it with TF_SCHEDULER_MODE=kubernetes (fast timers)."""
     cluster = KubernetesCluster.for_url(url, watch_timeout_s=5)
-    scheduler = KubernetesScheduler(ledger, bus, heartbeat_timeout=LONG)
+    scheduler = Scheduler(ledger, bus, heartbeat_timeout=LONG)
     await scheduler.start()
     settings = SchedulerKubernetesSettings(
         mode="kubernetes", status_debounce_s=0.1, status_poll_interval_s=0.3, pending_retry_interval_s=0.5

@@ -27,7 +27,7 @@ from tfcommon.cluster.kubernetes import KubernetesCluster
 from tfcommon.ledger.sql import SqlLedger
 from tfcommon.settings import SchedulerKubernetesSettings
 from tfscheduler.app import kubernetes_tasks, leader_elector, leader_router
-from tfscheduler.kubernetes_mode import KubernetesScheduler
+from tfscheduler.engine import Scheduler
 
 pytestmark = pytest.mark.integration
 
@@ -72,7 +72,7 @@ class Replica:
 async def start_replica(url: str, identity: str, ledger: SqlLedger, bus: NatsEventBus) -> Replica:
     """A replica as `compose` wires it with TF_SCHEDULER_MODE=kubernetes and leader election on."""
     cluster = KubernetesCluster.for_url(url, token=identity, watch_timeout_s=5)
-    scheduler = KubernetesScheduler(ledger, bus, heartbeat_timeout=LONG)
+    scheduler = Scheduler(ledger, bus, heartbeat_timeout=LONG)
     await scheduler.start()
     elector = leader_elector(cluster, SETTINGS, identity=identity)
     stop = asyncio.Event()

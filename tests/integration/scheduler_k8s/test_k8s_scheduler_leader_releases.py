@@ -31,7 +31,6 @@ from tfcommon.ledger.sql import SqlLedger
 from tfcommon.settings import SchedulerKubernetesSettings
 from tfscheduler.app import kubernetes_tasks, leader_elector, release_tasks
 from tfscheduler.engine import Scheduler
-from tfscheduler.kubernetes_mode import KubernetesScheduler
 from tfscheduler.submission import Submission
 
 pytestmark = pytest.mark.integration
@@ -96,7 +95,7 @@ async def test_only_the_leader_follows_releases_made_elsewhere(
     placed = [await placer.submit(a_submission(f"job-{n}")) for n in range(RELEASES)]
     assert all(status.state == "placed" for status in placed)
 
-    replicas: dict[str, KubernetesScheduler] = {}
+    replicas: dict[str, Scheduler] = {}
     stop = asyncio.Event()
     running: list[asyncio.Task[None]] = []
     clusters: list[KubernetesCluster] = []
@@ -104,7 +103,7 @@ async def test_only_the_leader_follows_releases_made_elsewhere(
         for identity in ("scheduler-a", "scheduler-b"):
             cluster = KubernetesCluster.for_url(url, token=identity, watch_timeout_s=5)
             clusters.append(cluster)
-            scheduler = KubernetesScheduler(ledger, own_bus, heartbeat_timeout=LONG)
+            scheduler = Scheduler(ledger, own_bus, heartbeat_timeout=LONG)
             await scheduler.start()
             replicas[identity] = scheduler
             elector = leader_elector(cluster, SETTINGS, identity=identity)

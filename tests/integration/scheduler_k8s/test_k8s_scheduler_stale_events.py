@@ -14,7 +14,8 @@ from tfcommon.cluster.kubernetes import KubernetesCluster
 from tfcommon.cluster.manifests import pod_from_manifest
 from tfcommon.ledger.sql import SqlLedger
 from tfcommon.settings import SchedulerKubernetesSettings
-from tfscheduler.kubernetes_mode import KubernetesScheduler, wire_kubernetes
+from tfscheduler.engine import Scheduler
+from tfscheduler.kubernetes_mode import wire_kubernetes
 
 pytestmark = pytest.mark.integration
 
@@ -28,7 +29,7 @@ async def test_an_event_from_before_the_binding_sends_no_second_binding(
         pod = pod_from_manifest(state.put("/v1/pods", gpu_pod("trainer")))
         cluster = KubernetesCluster.for_url(url)
         try:
-            scheduler = KubernetesScheduler(ledger, bus, heartbeat_timeout=LONG)
+            scheduler = Scheduler(ledger, bus, heartbeat_timeout=LONG)
             await scheduler.start()
             mode = wire_kubernetes(
                 scheduler, SchedulerKubernetesSettings(mode="kubernetes"), cluster=cluster
