@@ -263,7 +263,7 @@ class OnlineLearning:
         relearn_every: int | None = None,
     ) -> None:
         from tfscheduler.core.learning import RecentWorkload
-        from tfscheduler.engine import RECENT_REQUESTS, RELEARN_EVERY
+        from tfscheduler.policies import RECENT_REQUESTS, RELEARN_EVERY
 
         self.policy_name = policy_name
         self.base = base

@@ -63,6 +63,7 @@ from tfcommon.runtime import freeze_full_collection_survivors, freeze_startup_he
 
 from tfscheduler.core.view import allocation_id_for, build_snapshot
 from tfscheduler.engine import Scheduler
+from tfscheduler.policies import LearnedPolicies
 from tfscheduler.submission import Submission
 
 GIB = 1024**3
@@ -444,12 +445,33 @@ def _nats_submit(bus: NatsEventBus) -> Submit:
     return submit
 
 
+class _TimedPolicies(LearnedPolicies):
+    """The scheduler's policies, each start of new ones timed (start, seconds) for the tail analysis."""
+
+    relearnings: list[tuple[float, float]]
+
+    async def start_learned(self) -> None:
+        began = time.perf_counter()
+        try:
+            await super().start_learned()
+        finally:
+            self.relearnings.append((began, time.perf_counter() - began))
+
+
 class _TimedScheduler(Scheduler):
     """The engine, each submission batch timed (start, seconds, size) and each start of new policies
     (start, seconds) for the tail analysis."""
 
     batches: list[tuple[float, float, int]]
-    relearnings: list[tuple[float, float]]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.policies = self.timed_policies = _TimedPolicies(self.policies.mode_of, name=self.name)
+        self.timed_policies.relearnings = []
+
+    @property
+    def relearnings(self) -> list[tuple[float, float]]:
+        return self.timed_policies.relearnings
 
     async def _submit_batch(self, batch: list[Any]) -> None:
         began = time.perf_counter()
@@ -457,13 +479,6 @@ class _TimedScheduler(Scheduler):
             await super()._submit_batch(batch)
         finally:
             self.batches.append((began, time.perf_counter() - began, len(batch)))
-
-    async def _start_learned(self) -> None:
-        began = time.perf_counter()
-        try:
-            await super()._start_learned()
-        finally:
-            self.relearnings.append((began, time.perf_counter() - began))
 
 
 class _TimedRelay(OutboxRelay):
@@ -693,7 +708,7 @@ async def _in_process(ledger: SqlLedger, bus: NatsEventBus, load: _Load) -> dict
     scheduler = _TimedScheduler(
         ledger, bus, heartbeat_timeout=SIMULATED_NODES_SILENT_FOR, name="scheduler-bench"
     )
-    scheduler.batches, scheduler.relearnings = [], []
+    scheduler.batches = []
     await scheduler.start()
     freeze_startup_heap()  # as the service does once composed
     freeze_full_collection_survivors()

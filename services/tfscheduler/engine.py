@@ -57,13 +57,10 @@ from tfcommon.placement import (
     Placement,
     PlacementRequest,
     PlacementRequestError,
-    PluginArgs,
     Profile,
     Rejection,
     evaluate,
     place,
-    policy,
-    prepare_policy_inputs,
 )
 from tfcommon.placement.gang import place_gang
 from tfcommon.placement.registry import POLICIES
@@ -79,7 +76,6 @@ from tfcommon.pool_capacity import (
 )
 
 from tfscheduler.core.gang import GangCount, gang_reason, timed_out
-from tfscheduler.core.learning import RecentWorkload, same_target
 from tfscheduler.core.lifecycle import Transition, target
 from tfscheduler.core.preemption import Candidate, NoPreemption, Priority, plan_preemption
 from tfscheduler.core.quota import (
@@ -102,6 +98,8 @@ from tfscheduler.core.view import (
     placement_request,
 )
 from tfscheduler.eviction import Evictor, LocalEvictor, Removal
+from tfscheduler.intake import Queued, SubmissionIntake
+from tfscheduler.policies import LearnedPolicies
 from tfscheduler.submission import Submission, WorkloadStatus
 from tfscheduler.workloads import StoredWorkload, WorkloadStore, mark_placed
 
@@ -109,25 +107,15 @@ log = logging.getLogger("tfscheduler")
 MAX_PLACE_ATTEMPTS = 8
 MIN_FULL_REFRESH_INTERVAL_S = 1.0
 MAX_BATCH = 256
+REPLACED_KEPT = 2048
+"""How many replacements' replaced GPUs `replaced_gpus` remembers (the oldest are forgotten)."""
 RECHECK_SLICE = 500
 """Nodes `recheck_nodes` checks between two turns of the event loop."""
 """Most submissions placed together and reserved in one ledger transaction."""
-RECENT_REQUESTS = 2048
-"""How many of the latest submissions the fragmentation-aware policies learn their target workload from."""
-RELEARN_EVERY = 256
-"""Submissions between two relearnings once warmed up (before that: at 1, 2, 4, ... submissions)."""
 
 
 def utc_now() -> datetime:
     return datetime.now(UTC)
-
-
-@dataclass(frozen=True)
-class _Queued:
-    submission: Submission
-    cause: UUID | None
-    future: asyncio.Future[WorkloadStatus]
-    owner_uid: str | None = None
 
 
 @dataclass(frozen=True)
@@ -269,16 +257,12 @@ class Scheduler:
         """A replacement's allocation id -> the node and GPUs of the workload it replaces (`evict`)."""
         self.capacity_freed = asyncio.Event()
         self._lock = asyncio.Lock()
-        self._profiles: dict[str, Profile] = {}
-        self._recent = RecentWorkload(RECENT_REQUESTS, RELEARN_EVERY)
-        self._plugin_args = PluginArgs()
-        self._learned: PluginArgs | None = None
-        self._last_learned: set[UUID] = set()
-        self._relearning: asyncio.Task[None] | None = None
+        self.policies = LearnedPolicies(lambda pool: placement_mode(self._config, pool), name=name)
+        """Each pool's placement policy, learning its target workload from the submissions."""
         self._node_checks: dict[str, _NodeCheck] = {}
         self._last_full_refresh = 0.0
-        self._queue: list[_Queued] = []
-        self._drainer: asyncio.Task[None] | None = None
+        self.intake = SubmissionIntake(self._submit_batch, max_batch=MAX_BATCH, name=name)
+        """Submissions waiting for the next batch."""
 
     # ------------------------------------------------------------------------------ pool bounds
 
@@ -368,65 +352,16 @@ class Scheduler:
 
     def profile(self, pool: str) -> Profile:
         """The pool's policy, with the target workload learned from the recent submissions."""
-        mode = placement_mode(self.config, pool)
-        if mode not in self._profiles:
-            self._profiles[mode] = policy(mode, self._plugin_args)
-        return self._profiles[mode]
+        return self.policies.profile(pool)
 
     @property
     def learned_submissions(self) -> int:
         """How many submissions the learned workload mix has counted since the start."""
-        return self._recent.seen
-
-    def _learn(self, workloads: list[StoredWorkload]) -> None:
-        """Count new submissions' requests; relearn the target workload when enough are new, and start
-        new policies only when it changed (a new policy scores every node again). A batch the ledger
-        abandoned is recorded again in two steps: its submissions, counted by the previous call, are
-        not counted twice."""
-        counted = self._last_learned
-        self._last_learned = {stored.allocation_id for stored in workloads}
-        for stored in workloads:
-            if stored.allocation_id in counted:
-                continue
-            submission = stored.submission
-            try:
-                self._recent.add(
-                    placement_request(
-                        f"{submission.workload.namespace}/{submission.workload.name}",
-                        submission.request,
-                        tolerations=submission.tolerations,
-                        node_selector=submission.node_selector,
-                    )
-                )
-            except PlacementRequestError:
-                continue
-        if self._recent.due():
-            learned = self._recent.learn()
-            if same_target(self._plugin_args, learned):
-                self._learned = None
-                return
-            self._learned = learned
-            if self._relearning is None or self._relearning.done():
-                self._relearning = asyncio.create_task(self._start_learned(), name=f"{self.name}-relearn")
+        return self.policies.learned_submissions
 
     async def relearned(self) -> None:
-        """Wait until the policies of the last target learned have started (they start in the background
-        a moment after the submissions that changed the target)."""
-        while self._relearning is not None and not self._relearning.done():
-            await asyncio.shield(self._relearning)
-
-    async def _start_learned(self) -> None:
-        """Start the policies of the last target learned, once what they need is computed in a worker
-        thread (the default policy's card values take about 0.1 s of CPU, which would stall placing)."""
-        while (learned := self._learned) is not None:
-            try:
-                await asyncio.to_thread(prepare_policy_inputs, learned)
-            except Exception:  # the policies then compute it themselves when first used
-                log.exception("preparing the new policies failed", extra={"event": "scheduler.relearn"})
-            if self._learned is learned:
-                self._learned = None
-                self._plugin_args = learned
-                self._profiles.clear()
+        """Wait until the policies of the last target learned have started."""
+        await self.policies.relearned()
 
     async def start(self) -> None:
         """Rebuild the in-memory view from the ledger (at start, and as a periodic safety net).
@@ -674,25 +609,9 @@ class Scheduler:
         its own). Each caller still gets its own workload's status. `owner_uid` (the pod's controller
         owner) lets a replacement claim the defrag hold kept for the pod it replaces.
         """
-        future: asyncio.Future[WorkloadStatus] = asyncio.get_running_loop().create_future()
-        self._queue.append(_Queued(submission, cause, future, owner_uid))
-        if self._drainer is None or self._drainer.done():
-            self._drainer = asyncio.create_task(self._drain(), name=f"{self.name}-submissions")
-        return await asyncio.shield(future)
+        return await self.intake.submit(submission, cause, owner_uid)
 
-    async def _drain(self) -> None:
-        while self._queue:
-            batch, self._queue = self._queue[:MAX_BATCH], self._queue[MAX_BATCH:]
-            try:
-                await self._submit_batch(batch)
-            except Exception as error:  # each caller gets the failure; the queue goes on
-                _fail(batch, error)
-            except BaseException:  # cancelled (shutdown): no caller may wait forever
-                _fail(batch + self._queue, RuntimeError("the scheduler stopped before placing this workload"))
-                self._queue = []
-                raise
-
-    async def _submit_batch(self, batch: list[_Queued]) -> None:
+    async def _submit_batch(self, batch: list[Queued]) -> None:
         now = self.clock()
         owners = {
             allocation_id_for(item.submission.workload): item.owner_uid for item in batch if item.owner_uid
@@ -707,7 +626,7 @@ class Scheduler:
                     self.store.insert_many(submitted, now), self._refresh_holds()
                 )
                 entries, fresh = _first_entries(batch, stored)
-                self._learn([workload for workload, _cause in fresh])
+                self.policies.learn([workload for workload, _cause in fresh])
                 statuses = await self._place_batch(fresh, announce=True, owners=owners, holds_read=True)
             else:
                 entries, statuses = recorded
@@ -727,7 +646,7 @@ class Scheduler:
 
     async def _record_and_place(
         self,
-        batch: list[_Queued],
+        batch: list[Queued],
         submitted: list[tuple[UUID, Submission]],
         owners: Mapping[UUID, str],
         now: datetime,
@@ -745,7 +664,7 @@ class Scheduler:
                     hold.allocation.allocation_id: hold for hold in await transaction.active_holds()
                 }
                 entries, fresh = _first_entries(batch, stored)
-                self._learn([workload for workload, _cause in fresh])
+                self.policies.learn([workload for workload, _cause in fresh])
                 fresh, gang_members = _split_gangs(fresh)
                 held_ids = {
                     workload.allocation_id
@@ -1409,7 +1328,7 @@ class Scheduler:
             return
         gpus = frozenset(share.gpu_uuid for share in active.record.shares)
         self.replaced_gpus[allocation_id_for(replacement.workload)] = (active.record.node, gpus)
-        while len(self.replaced_gpus) > RECENT_REQUESTS:
+        while len(self.replaced_gpus) > REPLACED_KEPT:
             self.replaced_gpus.pop(next(iter(self.replaced_gpus)))
 
     async def _reserve(self, reservation: ReservationRequest) -> ReservationResult:
@@ -1858,7 +1777,7 @@ def _split_gangs(
 
 
 def _first_entries(
-    batch: list[_Queued], stored: Mapping[UUID, StoredWorkload]
+    batch: list[Queued], stored: Mapping[UUID, StoredWorkload]
 ) -> tuple[list[tuple[StoredWorkload, UUID | None]], list[tuple[StoredWorkload, UUID | None]]]:
     """Each workload of the batch once (its first submission wins), with its stored row and cause;
     and those among them still pending, the ones to place."""
@@ -1877,12 +1796,6 @@ def _tentative_reservation(tentative: _Tentative) -> ReservationRequest:
     return _reservation(
         stored.allocation_id, stored.submission, tentative.request, tentative.outcome, tentative.cause
     )
-
-
-def _fail(items: list[_Queued], error: BaseException) -> None:
-    for item in items:
-        if not item.future.done():
-            item.future.set_exception(error)
 
 
 def _placed_status(record: AllocationRecord) -> WorkloadStatus:
