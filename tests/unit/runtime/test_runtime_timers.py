@@ -1,5 +1,8 @@
 """The runtime's timers (`tfcommon.runtime.run_timer`, `Components.timers`): periodic work that runs
-again and again, survives a failed round, stops promptly, and shares names with no other task."""
+again and again, survives a failed round, stops promptly, and shares names with no other task.
+
+A failed round surviving was found by the fault campaign: a Postgres restart made the scheduler's
+periodic node check raise, and the failed task stopped the whole scheduler (and `tfctl up`)."""
 
 from __future__ import annotations
 
