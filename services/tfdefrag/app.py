@@ -15,13 +15,13 @@ from datetime import UTC, datetime, timedelta
 from tfcommon import subjects
 from tfcommon.cluster import Cluster
 from tfcommon.cluster.kubernetes import KubernetesCluster
-from tfcommon.cluster.scheduler_api import SchedulerApiCluster
 from tfcommon.config import ConfigSource
 from tfcommon.pool_capacity import capacity_of
 from tfcommon.pool_source import wire_gpu_pools
 from tfcommon.runtime import Components, ServiceContext, ServiceSpec, Timer, run_service
 from tfcommon.settings import DefragSettings
 
+from tfdefrag.adapters.scheduler_api import SchedulerApiCluster
 from tfdefrag.api import build_router
 from tfdefrag.campaign import CampaignDeps, ExecutorSettings
 from tfdefrag.service import DefragService, pool_spec_problems

@@ -23,12 +23,12 @@ from pydantic import SecretStr
 from scheduler_builders import GIB, a_submission, register_named_node
 from scheduler_service import TOKEN, eventually
 from tfcommon.cluster import Evicted, EvictionBlocked, NotFound
-from tfcommon.cluster.scheduler_api import SchedulerApiCluster
 from tfcommon.infra import free_port
 from tfcommon.ledger import tables
 from tfcommon.ledger.sql import SqlLedger
 from tfcommon.runtime import serve
 from tfcommon.settings import DatabaseSettings, NatsSettings, SchedulerSettings
+from tfdefrag.adapters.scheduler_api import SchedulerApiCluster
 from tfscheduler.app import build
 
 pytestmark = pytest.mark.integration

@@ -9,9 +9,9 @@ from uuid import uuid4
 
 import pytest
 from tfcommon.cluster.model import OwnerReference, Pod
-from tfcommon.cluster.scheduler_api import pod_from_workload
 from tfcommon.events import GpuRequest, WorkloadRef
 from tfcommon.pod_request import PodRequestError
+from tfdefrag.adapters.scheduler_api import pod_from_workload
 from tfscheduler.api import workload_listing
 from tfscheduler.core.gang import GangCount, gang_of, gang_reason, timed_out
 from tfscheduler.submission import Gang, Submission

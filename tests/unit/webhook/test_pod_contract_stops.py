@@ -12,11 +12,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 from tfagent.core.deviceplugin import AllocationRefusedError, container_envs
 from tfcommon.cluster.model import Pod
-from tfcommon.cluster.scheduler_api import pod_from_workload
 from tfcommon.config import TfConfig
 from tfcommon.events import GpuRequest, WorkloadRef
 from tfcommon.pod_request import gpu_request_annotations, gpu_request_of
 from tfctl.commands.submit import submission_for
+from tfdefrag.adapters.scheduler_api import pod_from_workload
 from tfscheduler.api import workload_listing
 from tfscheduler.core import binding
 from tfscheduler.submission import Submission

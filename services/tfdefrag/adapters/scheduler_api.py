@@ -26,7 +26,6 @@ from typing import Any
 
 import httpx
 import yaml
-
 from tfcommon.cluster.memory import InMemoryCluster, InMemoryPodWatch
 from tfcommon.cluster.model import (
     Applied,
@@ -51,7 +50,7 @@ from tfcommon.cluster.model import (
     WatchCursor,
 )
 
-log = logging.getLogger("tfcommon.cluster.scheduler_api")
+log = logging.getLogger("tfdefrag.adapters.scheduler_api")
 
 LOCAL_SCHEDULER_NAME = "tensor-fusion-scheduler"
 OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from tfcommon.cluster import LabelSelector, Pod
-from tfcommon.cluster.scheduler_api import (
+from tfdefrag.adapters.scheduler_api import (
     BudgetSpec,
     DisruptionBudgetError,
     SchedulerApiCluster,
