@@ -26,8 +26,6 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from tfcommon import subjects
 from tfcommon.bus import NatsEventBus
 from tfcommon.cluster import Cluster
-from tfcommon.cluster.leader import ElectionTimings
-from tfcommon.cluster.leader_election import LeaderElector, default_identity, default_namespace
 from tfcommon.cluster.port import LeaseStore
 from tfcommon.config import ConfigSource, load_config
 from tfcommon.consumer import Handler, run_pull_consumer
@@ -48,10 +46,12 @@ from tfcommon.settings import SchedulerKubernetesSettings, SchedulerSettings
 from tfcommon.subjects import ConsumerSpec
 
 from tfscheduler.api import build_router, front_routes
+from tfscheduler.core.leader import ElectionTimings
 from tfscheduler.core.quota import NamespaceQuota, QuotaError, parse_quota
 from tfscheduler.engine import Scheduler, placement_problems
 from tfscheduler.inventory import inventory_handler
 from tfscheduler.kubernetes_mode import wire_kubernetes
+from tfscheduler.leader_election import LeaderElector, default_identity, default_namespace
 from tfscheduler.node_requests import release_handler, serve_node_allocations
 from tfscheduler.quota_source import ClusterQuotas, QuotaStatusWriter, follow_quotas
 from tfscheduler.submission import Submission

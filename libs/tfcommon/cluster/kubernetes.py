@@ -24,7 +24,6 @@ from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 
 from tfcommon.cluster.kubernetes_watch import KubernetesPodWatch
-from tfcommon.cluster.leader import LeaseRecord
 from tfcommon.cluster.manifests import (
     binding_body,
     custom_object_from_manifest,
@@ -51,6 +50,7 @@ from tfcommon.cluster.model import (
     Evicted,
     EvictionBlocked,
     EvictionResult,
+    LeaseRecord,
     Namespace,
     Node,
     NotFound,

@@ -17,7 +17,6 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
-from tfcommon.cluster.leader import LeaseRecord
 from tfcommon.cluster.manifests import (
     custom_object_from_manifest,
     custom_owner_reference,
@@ -41,6 +40,7 @@ from tfcommon.cluster.model import (
     Evicted,
     EvictionBlocked,
     EvictionResult,
+    LeaseRecord,
     Namespace,
     Node,
     NotFound,

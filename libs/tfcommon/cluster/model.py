@@ -314,3 +314,15 @@ class ClusterError(Exception):
         self.status = status
         self.reason = reason
         self.message = message
+
+
+@dataclass(frozen=True)
+class LeaseRecord:
+    """A Lease's fields that leader election reads and writes; `resource_version` is empty before creation."""
+
+    holder_identity: str
+    lease_duration_s: int
+    acquire_time: datetime | None
+    renew_time: datetime | None
+    lease_transitions: int = 0
+    resource_version: str = ""

@@ -10,12 +10,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from tfcommon.cluster.leader import LeaseRecord
 from tfcommon.cluster.model import (
     BindResult,
     CustomObject,
     CustomResource,
     EvictionResult,
+    LeaseRecord,
     Namespace,
     Node,
     PatchResult,
@@ -178,7 +178,7 @@ class Cluster(Protocol):
 
 
 class LeaseStore(Protocol):
-    """`coordination.k8s.io/v1` Leases, for leader election (`tfcommon.cluster.leader_election`).
+    """`coordination.k8s.io/v1` Leases, for leader election (`tfscheduler.leader_election`).
 
     Writes are optimistic: `update_lease` only succeeds if the Lease still has `record.resource_version`
     and `create_lease` only if there is none, otherwise `Conflict`; `Applied` carries the new version."""

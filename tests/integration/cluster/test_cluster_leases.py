@@ -9,7 +9,7 @@ from typing import cast
 
 from cluster_harness import Harness
 from tfcommon.cluster import Applied, Conflict, NotFound
-from tfcommon.cluster.leader import LeaseRecord
+from tfcommon.cluster.model import LeaseRecord
 from tfcommon.cluster.port import LeaseStore
 
 NAMESPACE = "tfpool-system"

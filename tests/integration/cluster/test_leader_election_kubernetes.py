@@ -12,9 +12,9 @@ import kmock
 import pytest
 from cluster_apiserver import ApiServerState, install
 from tfcommon.cluster.kubernetes import KubernetesCluster
-from tfcommon.cluster.leader import ElectionTimings
-from tfcommon.cluster.leader_election import LeaderElector
 from tfcommon.cluster.rbac import LEASE_RBAC
+from tfscheduler.core.leader import ElectionTimings
+from tfscheduler.leader_election import LeaderElector
 
 pytestmark = pytest.mark.integration
 

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 from tfcommon.cluster import ClusterError
-from tfcommon.cluster.leader import ElectionTimings, LeaseRecord
-from tfcommon.cluster.leader_election import LeaderElector, default_identity, default_namespace
 from tfcommon.cluster.memory import InMemoryCluster
-from tfcommon.cluster.model import PatchResult
+from tfcommon.cluster.model import LeaseRecord, PatchResult
+from tfscheduler.core.leader import ElectionTimings
+from tfscheduler.leader_election import LeaderElector, default_identity, default_namespace
 
 TIMINGS = ElectionTimings(lease_duration_s=2, renew_deadline_s=0.5, retry_period_s=0.05)
 

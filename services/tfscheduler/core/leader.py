@@ -1,4 +1,4 @@
-"""Leader election over a `coordination.k8s.io/v1` Lease: the pure decision, as client-go's leaderelection.
+"""The scheduler's leader election over a `coordination.k8s.io/v1` Lease: the pure decision (client-go's way).
 
 `decide` turns what the Lease says, the time and this candidate's identity into one move (create the
 Lease, acquire it, renew it, wait, or step down) and the record to write; `renewal_overdue` says when a
@@ -13,17 +13,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from enum import Enum
 
-
-@dataclass(frozen=True)
-class LeaseRecord:
-    """The fields of a Lease that election reads and writes; `resource_version` is empty before creation."""
-
-    holder_identity: str
-    lease_duration_s: int
-    acquire_time: datetime | None
-    renew_time: datetime | None
-    lease_transitions: int = 0
-    resource_version: str = ""
+from tfcommon.cluster.model import LeaseRecord
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """`LeaderElector`: campaigns for a Lease through a `LeaseStore` and runs the leader's work while it holds it.
 
-A thin async shell around `tfcommon.cluster.leader` (which decides every move). Candidates try every
+A thin async shell around `tfscheduler.core.leader` (which decides every move). Candidates try every
 retry period; the leader renews every retry period and stops its work when a renewal has failed for the
 renew deadline or the Lease names someone else; on a clean stop it stops its work first, then releases
 the Lease so another candidate takes over at once. Leadership is exported as the gauge
@@ -21,17 +21,17 @@ from pathlib import Path
 
 from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Observation
-
-from tfcommon.cluster.leader import ElectionTimings, Move, decide, released, renewal_overdue
 from tfcommon.cluster.model import Applied, ClusterError
 from tfcommon.cluster.port import LeaseStore
+
+from tfscheduler.core.leader import ElectionTimings, Move, decide, released, renewal_overdue
 
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 Lead = Callable[[asyncio.Event], Coroutine[None, None, None]]
 """The leader's work: runs until the event is set (leadership lost or the service stopping), then returns."""
 
-log = logging.getLogger("tfcommon.leader_election")
+log = logging.getLogger("tfscheduler.leader_election")
 _leading: dict[tuple[str, str], int] = {}
 
 
@@ -65,7 +65,7 @@ def _observe(_options: CallbackOptions) -> Iterable[Observation]:
 
 @cache
 def _register_gauge() -> None:
-    metrics.get_meter("tfcommon.leader_election").create_observable_gauge(
+    metrics.get_meter("tfscheduler.leader_election").create_observable_gauge(
         "tf_leader_election_leader", callbacks=[_observe], description="1 while this process holds the lease"
     )
 

@@ -1,20 +1,20 @@
-"""The leader-election decision (`tfcommon.cluster.leader`): who acquires, renews, waits or steps down."""
+"""The leader-election decision (`tfscheduler.core.leader`): who acquires, renews, waits or steps down."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from tfcommon.cluster.leader import (
+from tfcommon.cluster.model import LeaseRecord
+from tfcommon.settings import SchedulerKubernetesSettings
+from tfscheduler.core.leader import (
     ElectionTimings,
-    LeaseRecord,
     Move,
     decide,
     expired,
     released,
     renewal_overdue,
 )
-from tfcommon.settings import SchedulerKubernetesSettings
 
 T0 = datetime(2026, 12, 1, 12, 0, 0, tzinfo=UTC)
 TIMINGS = ElectionTimings(lease_duration_s=15, renew_deadline_s=10, retry_period_s=2)
