@@ -32,7 +32,8 @@ from pydantic import ValidationError
 
 from tfcommon.cluster.manifests import warning_event
 from tfcommon.cluster.model import Applied, ClusterError, CustomObject, CustomResource
-from tfcommon.config import ConfigProvider, ConfigSource, GpuPoolConfig, TfConfig, validation_problems
+from tfcommon.config import ConfigProvider, GpuPoolConfig, TfConfig, validation_problems
+from tfcommon.config_source import ConfigSource
 from tfcommon.unsupported_fields import find_condition, same_condition, with_condition
 
 if TYPE_CHECKING:

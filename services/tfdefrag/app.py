@@ -15,7 +15,7 @@ from datetime import UTC, datetime, timedelta
 from tfcommon import subjects
 from tfcommon.cluster import Cluster
 from tfcommon.cluster.kubernetes import KubernetesCluster
-from tfcommon.config import ConfigSource
+from tfcommon.config_source import ConfigSource
 from tfcommon.pool_capacity import capacity_of
 from tfcommon.pool_source import wire_gpu_pools
 from tfcommon.runtime import Components, ServiceContext, ServiceSpec, Timer, run_service

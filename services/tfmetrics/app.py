@@ -12,7 +12,7 @@ from decimal import Decimal
 from functools import partial
 
 from tfcommon import subjects
-from tfcommon.config import ConfigSource
+from tfcommon.config_source import ConfigSource
 from tfcommon.ledger.recommendations import RecommendationStore
 from tfcommon.pool_source import wire_gpu_pools
 from tfcommon.runtime import Components, ServiceContext, ServiceSpec, Timer, run_service

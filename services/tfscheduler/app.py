@@ -27,7 +27,7 @@ from tfcommon import subjects
 from tfcommon.bus import NatsEventBus
 from tfcommon.cluster import Cluster
 from tfcommon.cluster.port import LeaseStore
-from tfcommon.config import ConfigSource, load_config
+from tfcommon.config_source import ConfigSource, load_config
 from tfcommon.consumer import Handler, run_pull_consumer
 from tfcommon.events import AllocationReleased, Message, WorkloadSubmitted
 from tfcommon.ledger.outbox import OutboxRelay

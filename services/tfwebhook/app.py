@@ -18,7 +18,8 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tfcommon.config import ConfigError, ConfigSource
+from tfcommon.config import ConfigError
+from tfcommon.config_source import ConfigSource
 from tfcommon.ledger.recommendations import RecommendationCache, RecommendationStore
 from tfcommon.ledger.takeover import TakeoverGate, TakeoverLedger
 from tfcommon.pool_source import wire_gpu_pools

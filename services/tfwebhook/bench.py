@@ -48,7 +48,7 @@ import uvicorn
 from nats.aio.client import Client as NatsClient
 from starlette.types import ASGIApp
 from tfcommon import subjects
-from tfcommon.config import ConfigSource
+from tfcommon.config_source import ConfigSource
 from tfcommon.events import Message, encode
 from tfcommon.placement import PlacementRequest
 from tfcommon.runtime import build_app, freeze_startup_heap, server_ssl_context, with_front_routes

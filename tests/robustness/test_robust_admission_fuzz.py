@@ -16,7 +16,8 @@ import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tfcommon.config import ConfigSource, TfConfig, parse_config
+from tfcommon.config import TfConfig, parse_config
+from tfcommon.config_source import ConfigSource
 from tfcommon.runtime import build_app, with_front_routes
 from tfwebhook.core import admission
 from tfwebhook.core.admission import AdmissionContext, Admitted, admit

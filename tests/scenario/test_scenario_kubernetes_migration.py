@@ -29,7 +29,8 @@ from scenario_kube import (
     taken_over,
 )
 from tfcommon.cluster import Pod
-from tfcommon.config import ConfigSource, TfConfig
+from tfcommon.config import TfConfig
+from tfcommon.config_source import ConfigSource
 from tfcommon.ledger.takeover import TakeoverGate, TakeoverLedger
 from tfmetrics.billing_api import bill_from_ledger
 from tfwebhook.http import AdmissionService

@@ -28,7 +28,7 @@ from scenario_kube import (
     taken_over,
 )
 from tfcommon.cluster import CustomResource, Pod
-from tfcommon.config import ConfigSource
+from tfcommon.config_source import ConfigSource
 from tfcommon.ledger.takeover import TakeoverGate, TakeoverLedger
 from tfdefrag.campaign import CampaignDeps, CampaignExecutor, ExecutorSettings
 from tfdefrag.core.config import DefragConfig

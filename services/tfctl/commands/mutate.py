@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from tfcommon.config import ConfigError, TfConfig, load_config
+from tfcommon.config import ConfigError, TfConfig
+from tfcommon.config_source import load_config
 from tfwebhook.core.admission import AdmissionContext, Admitted, Denied, admit
 from tfwebhook.core.manifests import ManifestError, admit_manifest
 from tfwebhook.core.review import MalformedReviewError, parse_review, render_response

@@ -89,7 +89,8 @@ def build_spec(args: argparse.Namespace) -> ServiceSpec[Any]:
 def handle(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
     from pydantic_settings import SettingsError
-    from tfcommon.config import ConfigError, load_config
+    from tfcommon.config import ConfigError
+    from tfcommon.config_source import load_config
     from tfcommon.runtime import StartupError, required_urls, run_service
 
     try:

@@ -24,7 +24,8 @@ from typing import Any
 
 import httpx
 import yaml
-from tfcommon.config import ConfigError, load_config
+from tfcommon.config import ConfigError
+from tfcommon.config_source import load_config
 from tfwebhook.core.admission import AdmissionContext, Admitted, admit
 
 from tfctl.commands.get import scheduler_url

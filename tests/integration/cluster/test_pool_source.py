@@ -22,7 +22,8 @@ import pytest
 import yaml
 from cluster_control_plane import kubectl
 from tfcommon.cluster.kubernetes import KubernetesCluster
-from tfcommon.config import ConfigSource, TfConfig
+from tfcommon.config import TfConfig
+from tfcommon.config_source import ConfigSource
 from tfcommon.kube_local import LocalKubernetes
 from tfcommon.pool_source import DEFAULT_POOL_ANNOTATION, ClusterPoolSource, PoolCheck, follow_gpu_pools
 from tfdefrag.service import pool_compaction, pool_spec_problems

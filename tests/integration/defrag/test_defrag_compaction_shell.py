@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from defrag_scenario import LocalSeed, build_scenario, node_manifest, register_node
 from tfcommon.cluster.local import LocalCluster
-from tfcommon.config import ConfigSource
+from tfcommon.config_source import ConfigSource
 from tfcommon.ledger.sql import SqlLedger
 from tfdefrag.core.config import CompactionConfig, DefragConfig
 from tfdefrag.service import DefragService

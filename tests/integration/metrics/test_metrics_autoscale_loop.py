@@ -29,7 +29,8 @@ from support.scratch_database import libpq_conninfo, scratch_database
 from support.serving import serving
 from tfcommon import subjects
 from tfcommon.bus import NatsEventBus
-from tfcommon.config import ConfigSource, parse_config
+from tfcommon.config import parse_config
+from tfcommon.config_source import ConfigSource
 from tfcommon.events import GpuUsageReported, WorkerUsage, WorkloadRef
 from tfcommon.infra import free_port
 from tfcommon.ledger.recommendations import RecommendationCache, RecommendationStore

@@ -24,7 +24,7 @@ import pytest
 import yaml
 from tfcommon.bus import NatsEventBus
 from tfcommon.cluster.kubernetes import KubernetesCluster
-from tfcommon.config import ConfigSource
+from tfcommon.config_source import ConfigSource
 from tfcommon.events import GpuRequest, WorkloadRef
 from tfcommon.kube_local import LocalKubernetes
 from tfcommon.ledger.records import GpuSpec, NodeSpec

@@ -16,7 +16,7 @@ import pytest
 from tfagent.core.deviceplugin import AnsweredContainers, advertised_device_ids, grant_container
 from tfcommon.cluster.manifests import pod_from_manifest
 from tfcommon.cluster.model import Pod
-from tfcommon.config import ConfigSource
+from tfcommon.config_source import ConfigSource
 from tfcommon.device_slots import RESOURCE_PREFIX, SLOTS_PER_RESOURCE
 from tfwebhook.http import AdmissionService
 from tfwebhook.pod_index import CyclingPodIndices

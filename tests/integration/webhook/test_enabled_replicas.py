@@ -12,7 +12,7 @@ from uuid import uuid4
 import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
-from tfcommon.config import ConfigSource
+from tfcommon.config_source import ConfigSource
 from tfcommon.ledger.takeover import TakeoverGate, TakeoverLedger, release_takeover
 from tfwebhook.http import AdmissionService
 from tfwebhook.testing import a_gpu_container, a_pod, a_review

@@ -13,7 +13,7 @@ import kmock
 import pytest
 from tfcommon.cluster.kubernetes import KubernetesCluster
 from tfcommon.cluster.model import Namespace
-from tfcommon.config import ConfigSource
+from tfcommon.config_source import ConfigSource
 from tfwebhook.http import AdmissionService
 from tfwebhook.namespaces import NamespaceLabelCache, local_namespace_labels
 from tfwebhook.testing import a_gpu_container, a_pod, a_review

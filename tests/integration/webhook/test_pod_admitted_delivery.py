@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from tfcommon.bus import NatsEventBus
-from tfcommon.config import ConfigSource
+from tfcommon.config_source import ConfigSource
 from tfcommon.events import Message, PodAdmitted
 from tfcommon.subjects import EVENTS, provision
 from tfwebhook.http import EVENT_NAMESPACE, AdmissionService

@@ -9,7 +9,7 @@ from typing import Any
 
 from prometheus_client import REGISTRY, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
-from tfcommon.config import ConfigSource
+from tfcommon.config_source import ConfigSource
 from tfcommon.telemetry import setup_telemetry
 from tfwebhook.http import MUTATE_PATH, AdmissionEndpoint, AdmissionService
 from tfwebhook.testing import a_pod, a_review

@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from tfcommon.config import ConfigError, ConfigSource, LabelSelector, TfConfig, load_config, parse_config
+from tfcommon.config import ConfigError, LabelSelector, TfConfig, parse_config
+from tfcommon.config_source import ConfigSource, load_config
 
 FULL = """
 dynamicConfig:

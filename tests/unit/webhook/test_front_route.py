@@ -6,7 +6,7 @@ import json
 
 import httpx
 from starlette.types import Receive, Scope, Send
-from tfcommon.config import ConfigSource
+from tfcommon.config_source import ConfigSource
 from tfcommon.runtime import build_app, with_front_routes
 from tfwebhook.http import MUTATE_PATH, AdmissionService, build_router, front_routes
 from tfwebhook.testing import a_gpu_container, a_pod, a_review

@@ -12,7 +12,7 @@ from itertools import pairwise
 from typing import Any
 
 from tfcommon.bus import InMemoryEventBus
-from tfcommon.config import ConfigSource
+from tfcommon.config_source import ConfigSource
 from tfcommon.events import GpuRequest, Message, PodAdmitted, WorkloadRef
 from tfwebhook.core.admission import Admitted
 from tfwebhook.http import (

@@ -6,7 +6,8 @@ import base64
 import json
 from typing import Any
 
-from tfcommon.config import ConfigSource, TfConfig
+from tfcommon.config import TfConfig
+from tfcommon.config_source import ConfigSource
 from tfcommon.device_slots import POD_INDEX_ANNOTATION
 from tfwebhook.core.admission import AdmissionContext, Admitted, admit, assign_pod_index
 from tfwebhook.http import AdmissionService
