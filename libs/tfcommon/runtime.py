@@ -19,9 +19,10 @@ A service is described by a `ServiceSpec` and run with `serve(spec, stop=...)` (
    naming what is down) plus the routers, and run the tasks: one pull-consumer loop
    (`tfcommon.consumer.run_pull_consumer`) per handler and one loop per timer (`run_timer`) among them;
 5. on `stop` (SIGTERM/SIGINT): stop accepting connections, set `context.stopping` so the tasks finish
-   their in-flight work and return, drain the NATS connection, close `context.cleanup` and the ledger,
-   and return. A task that fails or returns before `stopping` is set stops the service with
-   `ServiceFailedError` (exit code 1), so a supervisor sees the crash instead of a half-working process.
+   their in-flight work and return, close `context.cleanup`, then close the ledger, drain the NATS
+   connection and dispose of the Postgres probe engine, and return. A task that fails or returns
+   before `stopping` is set stops the service with `ServiceFailedError` (exit code 1), so a
+   supervisor sees the crash instead of a half-working process.
 
 Nothing here runs at import time and nothing is global: every dependency is an explicit field.
 The runtime makes no decisions of its own; it is the I/O shell around each service's composition.
@@ -164,7 +165,8 @@ class ServiceContext(Generic[SettingsT]):
     NATS, for what only NATS does (`.nc` / `.js`: request-reply, consumers a service provisions itself).
     The streams are provisioned; `ledger` is open (reading it, or `database_url`, in a service that runs
     without the ledger raises `NoLedgerError`). `stopping` is set when the service begins to shut down.
-    `cleanup` is closed after the tasks have returned and the bus has drained (last in, first out).
+    `cleanup` is closed (last in, first out) once the tasks have returned, before the ledger is closed
+    and the bus drains, so what it closes may still publish.
     `ssl_context` is the live server context when serving HTTPS: loading a new chain into it
     (`load_cert_chain`) rotates the certificate for new connections without a restart.
     """
