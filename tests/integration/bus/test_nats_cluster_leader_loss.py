@@ -296,7 +296,9 @@ async def test_acknowledged_events_survive_the_stream_leader_killed(
     assert after.cluster is not None
     assert after.cluster.leader == new_leader
 
-    # A service restarting with the local default (1) does not take the copies away.
+    # A service restarting with the local default (1) does not take the copies away. The commands
+    # stream may have been led by the killed server too: the restart comes once it has a new leader.
+    await _new_leader(tfctl, subjects.COMMANDS_STREAM, old_leader)
     await subjects.provision(scheduler.js, consumers=(), replicas=1)
     for name in (subjects.EVENTS_STREAM, subjects.COMMANDS_STREAM):
         assert (await _stream(scheduler, name)).config.num_replicas == 3, name
