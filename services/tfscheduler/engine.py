@@ -375,19 +375,21 @@ class Scheduler:
     async def _full_refresh(self, *, locked: bool = True) -> None:
         """Rebuild the view, the blocked nodes and the active allocations from one ledger snapshot.
         `locked`: the caller holds the engine lock (then nothing changes until the install)."""
-        if not locked:
-            if await self._rebuild_and_install(locked=False):
-                return
-            log.info(
-                "the view changed too much during its rebuild; rebuilding under the lock",
-                extra={"event": "scheduler.full_refresh"},
-            )
-            async with self._lock:
-                await self._rebuild_and_install(locked=True)
+        if locked:
+            await self._rebuild_and_install(locked=True)
             return
-        await self._rebuild_and_install(locked=True)
+        if await self._rebuild_and_install(locked=False):
+            return
+        log.info(
+            "the view changed too much during its rebuild; rebuilding under the lock",
+            extra={"event": "scheduler.full_refresh"},
+        )
+        async with self._lock:
+            await self._rebuild_and_install(locked=True)
 
     async def _rebuild_and_install(self, *, locked: bool) -> bool:
+        """Read, build (in worker threads), then install under the lock (taken here unless `locked`);
+        False when the install could not tell what changed meanwhile (nothing installed)."""
         view_at, version = self.view, self.view.version
         with self.active.journal() as touched:
             facts = await self.ledger.placement_facts()
@@ -397,18 +399,12 @@ class Scheduler:
             rebuilt = await asyncio.to_thread(
                 self._rebuild_view, facts, dict(self.heartbeat_intervals_ms), self.clock()
             )
-            if locked:
-                installed = self._install(rebuilt, facts, stored, view_at, version, touched)
-            else:
-                async with self._lock:
-                    installed = self._install(rebuilt, facts, stored, view_at, version, touched)
-                    if installed:
-                        await self._refresh_holds()
-        if installed and locked:
-            await self._refresh_holds()
-        if installed:
-            self._last_full_refresh = asyncio.get_running_loop().time()
-        return installed
+            async with contextlib.nullcontext() if locked else self._lock:
+                if not self._install(rebuilt, facts, stored, view_at, version, touched):
+                    return False
+                await self._refresh_holds()
+        self._last_full_refresh = asyncio.get_running_loop().time()
+        return True
 
     def _rebuild_view(
         self, facts: PlacementFacts, heartbeat_intervals_ms: dict[str, int], now: datetime
