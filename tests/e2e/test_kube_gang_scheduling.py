@@ -156,6 +156,17 @@ def test_a_gang_over_its_namespace_quota_binds_none_then_all_once_the_quota_is_r
             "spec": {"total": {"maxWorkers": 2}},
         }
     )
+    # The scheduler writes a quota's status once it holds it: only then is the quota in force (a gang
+    # created before that is placed, as with any quota the scheduler has not seen yet).
+    eventually(
+        "the scheduler holding the quota (its status written)",
+        lambda: (
+            stack.kubectl_json("get", "gpuresourcequota", "two-workers", "-n", NAMESPACE)
+            .get("status", {})
+            .get("used")
+        ),
+        within_s=60,
+    )
 
     stack.apply(gang_deployment("train", min_members=3, replicas=3))
 
