@@ -68,6 +68,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from tfcommon import subjects
 from tfcommon.bus import EventBus, NatsEventBus
 from tfcommon.consumer import Handler, metric_consumer, run_pull_consumer
+from tfcommon.ledger.port import Ledger
 from tfcommon.ledger.sql import SqlLedger
 from tfcommon.ledger.urls import DatabaseUrlError, ledger_url
 from tfcommon.logs import configure_logging
@@ -163,8 +164,15 @@ class ServiceContext(Generic[SettingsT]):
 
     `bus` is where the service publishes (the `EventBus` protocol); `nats` is the same connected bus as
     NATS, for what only NATS does (`.nc` / `.js`: request-reply, consumers a service provisions itself).
-    The streams are provisioned; `ledger` is open (reading it, or `database_url`, in a service that runs
-    without the ledger raises `NoLedgerError`). `stopping` is set when the service begins to shut down.
+    The streams are provisioned. `ledger` is the open ledger as the `Ledger` port
+    (`tfcommon.ledger.port`): every read and change of the ledger's own tables goes through it.
+    `database` is the connection pool of the ledger's database, for the tables a service owns there
+    (the scheduler's workloads, the defrag planner's campaigns, the webhook's pod index sequence, the
+    metrics service's pool samples and recommendations, the takeover slots), never for the ledger's
+    tables. `sql_ledger` is the Postgres adapter itself, for the scheduler's engine alone (its batched
+    reservation transactions and its workload store on the adapter's engine). In a service that runs
+    without the ledger, reaching for any of them (or `database_url`) raises `NoLedgerError`.
+    `stopping` is set when the service begins to shut down.
     `cleanup` is closed (last in, first out) once the tasks have returned, before the ledger is closed
     and the bus drains, so what it closes may still publish.
     `ssl_context` is the live server context when serving HTTPS: loading a new chain into it
@@ -185,7 +193,15 @@ class ServiceContext(Generic[SettingsT]):
         return self.nats
 
     @property
-    def ledger(self) -> SqlLedger:
+    def ledger(self) -> Ledger:
+        return self.sql_ledger
+
+    @property
+    def database(self) -> AsyncEngine:
+        return self.sql_ledger.engine
+
+    @property
+    def sql_ledger(self) -> SqlLedger:
         if self.open_ledger is None:
             raise NoLedgerError(f"service {self.name} runs without the ledger (ServiceSpec.needs_ledger)")
         return self.open_ledger

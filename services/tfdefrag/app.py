@@ -55,7 +55,7 @@ def make_compose(
         deps = CampaignDeps(
             cluster=cluster,
             ledger=context.ledger,
-            store=CampaignStore(context.ledger.engine),
+            store=CampaignStore(context.database),
             publish=context.bus.publish,
             clock=utc_now,
             settings=ExecutorSettings(replacement_timeout=timedelta(seconds=settings.replacement_timeout_s)),

@@ -35,8 +35,8 @@ from tfcommon.events import (
     PodEvicted,
     WorkloadRef,
 )
+from tfcommon.ledger.port import Ledger
 from tfcommon.ledger.records import HoldFor, ReservationRequest, Reserved, ShareRequest
-from tfcommon.ledger.sql import SqlLedger
 from tfcommon.placement import Profile
 from tfcommon.pool_capacity import NO_BOUNDS, PoolCapacity
 
@@ -69,7 +69,7 @@ class CampaignDeps:
     """What the executor talks to. `publish` sends one message to the bus; `clock` is timezone-aware."""
 
     cluster: Cluster
-    ledger: SqlLedger
+    ledger: Ledger
     store: CampaignStore
     publish: Callable[[Message], Awaitable[None]]
     clock: Callable[[], datetime]

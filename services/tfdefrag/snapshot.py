@@ -12,8 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from tfcommon.cluster import Cluster, CustomResource, Pod
+from tfcommon.ledger.port import Ledger
 from tfcommon.ledger.records import AllocationRecord
-from tfcommon.ledger.sql import SqlLedger
 from tfcommon.placement import Taint
 from tfcommon.placement.from_ledger import placed_request, placement_view
 from tfcommon.pool_capacity import NO_BOUNDS, HostFacts, PoolCapacity, with_virtual_capacity
@@ -42,7 +42,7 @@ def _uses_native_gpu(pod: Pod, resources: Sequence[str]) -> bool:
 
 
 async def load_pool(
-    ledger: SqlLedger,
+    ledger: Ledger,
     cluster: Cluster,
     pool: str,
     *,

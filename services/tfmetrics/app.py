@@ -52,10 +52,10 @@ async def compose(context: ServiceContext[MetricsSettings], clock: Clock = utc_n
     )
     prices, price_tasks = wire_prices(settings.gpu_cost_per_hour, context.stopping, context.cleanup.callback)
     view = LiveView(context.ledger, clock=clock)
-    engine = context.ledger.engine
+    engine = context.database
     history = PoolHistory(engine, clock, timedelta(seconds=settings.history_interval_s))
     board = series_board()
-    recommendations = RecommendationStore(context.ledger.engine)
+    recommendations = RecommendationStore(context.database)
     recommender = Recommender(
         store=recommendations,
         usage=UsageWindow(timedelta(seconds=settings.recommendation_window_s)),
@@ -120,7 +120,7 @@ async def compose(context: ServiceContext[MetricsSettings], clock: Clock = utc_n
     async def bill_for_window(window: timedelta, quantum: Decimal) -> Bill:
         end = utc_now()
         return await bill_from_ledger(
-            context.ledger.engine,
+            context.database,
             config.current(),
             prices,
             start=end - window,
@@ -132,7 +132,7 @@ async def compose(context: ServiceContext[MetricsSettings], clock: Clock = utc_n
     return Components(
         routers=[
             build_metrics_router(),
-            build_billing_router(context.ledger.engine, config.current, prices),
+            build_billing_router(context.database, config.current, prices),
             build_dashboard_router(
                 view,
                 DashboardSources(

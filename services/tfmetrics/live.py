@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from tfcommon.events import GpuUsageReported
-from tfcommon.ledger.sql import SqlLedger
+from tfcommon.ledger.port import Ledger
 
 from tfmetrics.core.series import (
     ClusterSnapshot,
@@ -47,7 +47,7 @@ class _NodeUsage:
 class LiveView:
     """What the metrics endpoint and the dashboard show; refreshed by a background task."""
 
-    ledger: SqlLedger
+    ledger: Ledger
     clock: Clock = utc_now
     snapshot: ClusterSnapshot | None = None
     last_error: str | None = None

@@ -126,7 +126,7 @@ async def compose(context: ServiceContext[SchedulerSettings]) -> Components:
     options = SchedulerOptions()
     kubernetes = context.settings.kubernetes
     scheduler = Scheduler(
-        context.ledger,
+        context.sql_ledger,
         context.bus,
         config=load_config(context.settings.config_file),
         quotas=load_quotas(options.quota_file),
@@ -202,7 +202,7 @@ async def compose(context: ServiceContext[SchedulerSettings]) -> Components:
         tasks.update(follow_releases(stop))
     routers.append(leader_router(elector))
     if options.run_outbox_relay:
-        relay = OutboxRelay(context.ledger, context.bus)
+        relay = OutboxRelay(context.database, context.bus)
         tasks["outbox-relay"] = lambda: relay.run(stop)
     freeze_startup_heap()
     freeze_full_collection_survivors()

@@ -11,13 +11,13 @@ from collections.abc import Sequence
 
 from tfcommon.consumer import Handler
 from tfcommon.events import GpuDisappeared, GpuDiscovered, Message, NodeHeartbeatSent, NodeRegistered
+from tfcommon.ledger.port import Ledger
 from tfcommon.ledger.records import GpuSpec, LedgerInputError, NodeSpec
-from tfcommon.ledger.sql import SqlLedger
 
 from tfscheduler.engine import Scheduler
 
 
-def inventory_handler(ledger: SqlLedger, scheduler: Scheduler) -> Handler:
+def inventory_handler(ledger: Ledger, scheduler: Scheduler) -> Handler:
     """The `scheduler-track-nodes` consumer's handler."""
 
     async def track_nodes(message: Message) -> Sequence[Message]:

@@ -21,8 +21,8 @@ from sqlalchemy.exc import DBAPIError
 from tfcommon.bus import NatsEventBus
 from tfcommon.consumer import Handler, TransientError
 from tfcommon.events import InvalidPayloadError, Message, ReleaseAllocation
+from tfcommon.ledger.port import Ledger
 from tfcommon.ledger.records import AllocationRecord
-from tfcommon.ledger.sql import SqlLedger
 from tfcommon.node_allocations import (
     NODE_ALLOCATIONS,
     SCHEDULER_QUEUE,
@@ -37,7 +37,7 @@ from tfscheduler.engine import Scheduler
 log = logging.getLogger("tfscheduler.node_requests")
 
 
-async def answer_node_allocations(ledger: SqlLedger, subject: str, data: bytes) -> NodeAllocationsReply:
+async def answer_node_allocations(ledger: Ledger, subject: str, data: bytes) -> NodeAllocationsReply:
     """The reply to one node-allocations request received on `subject`."""
     node = node_of_subject(subject)
     if node is None:
@@ -63,7 +63,7 @@ async def answer_node_allocations(ledger: SqlLedger, subject: str, data: bytes) 
     return node_allocations_reply(node, request, records)
 
 
-async def serve_node_allocations(bus: NatsEventBus, ledger: SqlLedger, stop: asyncio.Event) -> None:
+async def serve_node_allocations(bus: NatsEventBus, ledger: Ledger, stop: asyncio.Event) -> None:
     """Answer node agents' allocation requests until `stop` is set."""
 
     async def on_request(msg: Msg) -> None:

@@ -27,7 +27,7 @@ from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Observation
 from tfcommon.cluster.manifests import warning_event
 from tfcommon.cluster.model import Applied, ClusterError, CustomObject, CustomResource
-from tfcommon.ledger.sql import SqlLedger
+from tfcommon.ledger.port import Ledger
 from tfcommon.quota import quota_objects, quotas_in_force
 from tfcommon.runtime import Timer, run_timer
 from tfcommon.unsupported_fields import find_condition, same_condition, with_condition
@@ -137,7 +137,7 @@ class QuotaStatusWriter:
     def __init__(
         self,
         quotas: ClusterQuotas,
-        ledger: SqlLedger,
+        ledger: Ledger,
         cluster: KubernetesCluster,
         *,
         interval_s: float = 0.5,

@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from tfcommon.cluster import Applied, Cluster, ClusterError, CustomResource, NotFound
-from tfcommon.ledger.sql import SqlLedger
+from tfcommon.ledger.port import Ledger
 
 from tfscheduler.core.custom_status import Status, desired_status, heartbeat_only_change
 
@@ -53,7 +53,7 @@ class StatusWriter:
 
     def __init__(
         self,
-        ledger: SqlLedger,
+        ledger: Ledger,
         cluster: Cluster,
         *,
         debounce_s: float = 0.2,

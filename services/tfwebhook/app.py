@@ -88,11 +88,11 @@ def composer(tls: TlsFiles) -> Callable[[ServiceContext[WebhookSettings]], Await
         except ConfigError as error:
             raise StartupError(f"TF_CONFIG_FILE: {error}") from None
         takeovers = TakeoverGate(
-            TakeoverLedger(context.ledger.engine),
+            TakeoverLedger(context.database),
             full_ttl_s=config.current().webhook.takeover_full_cache_seconds,
         )
-        recommendations = RecommendationCache(RecommendationStore(context.ledger.engine))
-        pod_indices = SequencePodIndices(context.ledger.engine)
+        recommendations = RecommendationCache(RecommendationStore(context.database))
+        pod_indices = SequencePodIndices(context.database)
         context.cleanup.push_async_callback(pod_indices.close)
         pools, pool_tasks = wire_gpu_pools(
             config, service="webhook", stop=context.stopping, report=False, on_close=context.cleanup.callback
@@ -106,7 +106,7 @@ def composer(tls: TlsFiles) -> Callable[[ServiceContext[WebhookSettings]], Await
             takeovers=takeovers,
             takeover_recheck=None
             if cluster is None
-            else TakeoverRecheck(TakeoverLedger(context.ledger.engine), cluster.list_pods),
+            else TakeoverRecheck(TakeoverLedger(context.database), cluster.list_pods),
             namespace_labels=namespace_labels(cluster),
             pod_indices=pod_indices,
             recommendations=recommendations.current,

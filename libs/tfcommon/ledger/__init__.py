@@ -2,6 +2,7 @@
 
 - `tables`: the SQLAlchemy tables (and who writes each); `migrations/`: their Alembic revisions;
   `migrate`: `upgrade_head`, `downgrade_base`, `current_revision` (what `tfctl migrate` runs).
+- `port.Ledger`: the contract the services use (`ServiceContext.ledger`); `sql.SqlLedger` satisfies it.
 - `sql.SqlLedger`: registration, reads, the race-free `reserve()` / idempotent `release()`, and
   `transaction()` for a caller that records its own rows with a batch of reservations in one commit.
 - `records`: the frozen dataclasses the ledger takes and returns.
