@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Literal, get_args
+from typing import Literal, NamedTuple, get_args
 from uuid import UUID
 
 from tfcommon.events import IsolationMode, QosLevel, WorkloadRef
@@ -134,6 +134,20 @@ class NodeRecord:
     cordoned: bool
     ready: bool
     last_heartbeat_at: datetime | None
+
+
+class NodeState(NamedTuple):
+    """What decides whether a node takes new work, without its labels, annotations or inventory:
+    its flags, its last heartbeat, and whether the defrag planner's drain marker
+    (`DEFRAG_SOURCE_MARKER`) is in its labels or annotations. A tuple, not a dataclass: the scheduler
+    reads one for every node every second."""
+
+    name: str
+    pool: str
+    cordoned: bool
+    ready: bool
+    last_heartbeat_at: datetime | None
+    draining: bool
 
 
 @dataclass(frozen=True)

@@ -52,6 +52,7 @@ from tfcommon.ledger.records import (
     NamespaceShare,
     NodeRecord,
     NodeSpec,
+    NodeState,
     PlacementFacts,
     PoolRecord,
     QuotaHeld,
@@ -595,6 +596,24 @@ class SqlLedger:
         except _PartialReservationError:
             return None
 
+    async def node_states(self) -> list[NodeState]:
+        """Every node's `NodeState`, by name, in one light query: the drain marker is tested in SQL
+        and no labels, annotations or GPUs are read (the scheduler re-checks its nodes every second)."""
+        async with self.engine.connect() as connection:
+            return [NodeState._make(row) for row in await connection.execute(_NODE_STATES)]
+
+    async def node_inventory(self, name: str) -> tuple[NodeRecord, list[GpuRecord]] | None:
+        """The node and its GPUs (by index), read over one connection; None when the ledger has no such
+        node. What the scheduler rebuilds one node of its view from."""
+        async with self.engine.connect() as connection:
+            node = (await connection.execute(select(tables.node).where(tables.node.c.name == name))).first()
+            if node is None:
+                return None
+            gpus = await connection.execute(
+                select(tables.gpu).where(tables.gpu.c.node_name == name).order_by(tables.gpu.c.index)
+            )
+            return _node_record(node), [_gpu_record(row) for row in gpus]
+
 
 _RESERVE_STATEMENT = text(
     """
@@ -684,6 +703,20 @@ stale its view."""
 
 _RESERVE_QUERY = re.sub(r"(?<![:\w]):(\w+)", r"%(\1)s", _RESERVE_STATEMENT.text)
 """`_RESERVE_STATEMENT` in psycopg's parameter style, for pipeline mode."""
+
+
+_NODE_STATES = select(
+    tables.node.c.name,
+    tables.node.c.pool_name,
+    tables.node.c.cordoned,
+    tables.node.c.ready,
+    tables.node.c.last_heartbeat_at,
+    sa.or_(
+        tables.node.c.labels.has_key(DEFRAG_SOURCE_MARKER),
+        tables.node.c.annotations.has_key(DEFRAG_SOURCE_MARKER),
+    ).label("draining"),
+).order_by(tables.node.c.name)
+"""`NodeState` of every node, in the field order of `NodeState`."""
 
 
 _NAMESPACE_LOCK = text("SELECT pg_advisory_xact_lock(hashtextextended(:key, 0))")
