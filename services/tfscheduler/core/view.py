@@ -3,18 +3,22 @@
 Pure. The view's rules (GPU phase, index checks, taints, workers) and the sizing of a request are
 `tfcommon.placement.from_ledger`'s, shared with the defrag planner; this module adds the scheduler's
 reasons to keep a node from new work (cordoned, agent not ready or silent, being drained by the defrag
-planner), and `blocked` says why. A blocked node stays in the view as cordoned.
+planner), and `blocked` says why, and until when a reason holds by time alone (`reason_holds_until`).
+A blocked node stays in the view as cordoned. It also shapes two placements of the scheduler's own: a
+replacement into the defrag hold kept for it (`into_hold`), and one kept off the GPUs of the workload
+it replaces (`with_gpus_full`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from datetime import datetime, timedelta
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 from uuid import UUID, uuid5
 
 from tfcommon.events import WorkloadRef
-from tfcommon.node_readiness import HeartbeatSeen, is_node_ready
-from tfcommon.placement import Node, Placement
+from tfcommon.node_readiness import HeartbeatSeen, is_node_ready, readiness_timeout
+from tfcommon.placement import Node, Placement, PlacementRequest
 from tfcommon.placement.from_ledger import (
     AllocationFacts,
     GpuFacts,
@@ -31,9 +35,12 @@ __all__ = [
     "ClusterSnapshot",
     "allocation_id_for",
     "build_snapshot",
+    "into_hold",
     "node_block_reason",
     "placement_of",
     "placement_request",
+    "reason_holds_until",
+    "with_gpus_full",
 ]
 
 DEFRAG_SOURCE = "tensor-fusion.ai/defrag-source"
@@ -73,6 +80,23 @@ def node_block_reason(
     if not is_node_ready(seen, now, heartbeat_timeout):
         return "node agent heartbeats stopped"
     return None
+
+
+def reason_holds_until(
+    name: str,
+    last_heartbeat_at: datetime | None,
+    heartbeat_interval_ms: int,
+    heartbeat_timeout: timedelta | None,
+    now: datetime,
+) -> datetime:
+    """Until when `node_block_reason` stays what it is now for a node whose flags do not change: until
+    its heartbeat goes stale; for ever when it has none or it is stale already."""
+    never = datetime.max.replace(tzinfo=UTC)
+    if last_heartbeat_at is None:
+        return never
+    seen = HeartbeatSeen(name, last_heartbeat_at, heartbeat_interval_ms)
+    stale_at = last_heartbeat_at + readiness_timeout(seen, heartbeat_timeout)
+    return stale_at if now < stale_at else never
 
 
 def build_snapshot(
@@ -126,3 +150,33 @@ def placement_of(allocation: AllocationFacts, node: Node) -> Placement:
         limit_tflops_milli=tuple(share.limit_tflops_milli for share in shares),
         limit_vram_bytes=tuple(share.limit_vram_bytes for share in shares),
     )
+
+
+def into_hold(held: Placement, wanted: PlacementRequest, node: Node) -> Placement | None:
+    """`wanted` on the GPUs that `held` keeps on `node` (a defrag hold), sized on each of those GPUs, as
+    a `defrag-hold` placement; None when it asks another number of GPUs or a held GPU is no longer on
+    the node. Whether it asks more than the hold keeps is the ledger's check (`SqlLedger.claim_hold`)."""
+    gpus = {gpu.uuid: gpu for gpu in node.gpus}
+    if wanted.gpu_count != len(held.gpu_uuids) or any(uuid not in gpus for uuid in held.gpu_uuids):
+        return None
+    chosen = [gpus[uuid] for uuid in held.gpu_uuids]
+    return replace(
+        held,
+        request_name=wanted.name,
+        tflops_milli=tuple(wanted.tflops_on(gpu) for gpu in chosen),
+        vram_bytes=tuple(wanted.vram_on(gpu) for gpu in chosen),
+        policy="defrag-hold",
+        limit_tflops_milli=tuple(wanted.limit_tflops_on(gpu) for gpu in chosen),
+        limit_vram_bytes=tuple(wanted.limit_vram_on(gpu) for gpu in chosen),
+    )
+
+
+def with_gpus_full(node: Node, gpu_uuids: frozenset[str]) -> Node:
+    """`node` as if nothing were left on the GPUs `gpu_uuids`."""
+    gpus = tuple(
+        replace(gpu, used_tflops_milli=gpu.tflops_milli, used_vram_bytes=gpu.vram_bytes)
+        if gpu.uuid in gpu_uuids
+        else gpu
+        for gpu in node.gpus
+    )
+    return replace(node, gpus=gpus)
