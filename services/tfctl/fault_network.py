@@ -1,17 +1,27 @@
 """Network faults for the fault campaign: one service in its own network namespace behind a veth pair.
 
-As root, `NetworkCell.create()` makes a namespace and a veth pair (host end `HOST_IP`, namespace end
-`CELL_IP`, a /30 chosen from the process id), and forwards the namespace's connections to NATS and
-Postgres on the host's loopback (`forward(port)`: the cell reaches them at `HOST_IP:port`). A service
-started through `wrap(argv)` runs inside it, reachable from the host at `CELL_IP`. Then:
+As root, `NetworkCell.create(index)` makes a namespace and a veth pair (host end `HOST_IP`, namespace end
+`CELL_IP`, a /30 chosen from the process id and `index`, so that one process can make two cells), and
+forwards the namespace's connections to NATS and Postgres on the host's loopback (`forward(port)`: the
+cell reaches them at `HOST_IP:port`). A service started through `wrap(argv)` runs inside it, reachable
+from the host at `CELL_IP`. Then (the kernel drops the packets in each case; no mock):
 
 - `partition(seconds)`: the host end of the veth pair goes down, so the service reaches neither NATS nor
-  Postgres, and nobody reaches it, until the link comes back (the kernel drops the packets; no mock);
+  Postgres, and nobody reaches it, until the link comes back;
+- `partition_from(port, seconds)` (or `cut_from(port)` as a context): only the cell's TCP traffic with
+  `HOST_IP:port` (NATS's port or Postgres's) is dropped, both ways, while the rest of the link works:
+  on the egress of each end an `htb` root qdisc passes what no filter classifies and a `u32` filter
+  (`match ip dport <port>` leaving the cell, `match ip sport <port>` entering it) sends the port's
+  packets to a class whose `pfifo limit 0` drops every one. Nothing is reset or closed: both sides'
+  TCP sees silence and retransmits, as behind a real partition. This kernel has no `gact` action
+  (`tc filter ... action drop` answers "Failed to load TC action module") nor `prio`, hence the class;
 - `slow_link(seconds)`: a token bucket (`tc qdisc ... tbf rate 256kbit latency 200ms`) on both ends,
   which delays what fits in its queue and drops what does not (this kernel has no `netem`).
 
+Each fault replaces the root qdisc of both ends, so two of them must not overlap on one cell.
 `close()` removes the pair, the namespace and the forwarders. Where a step is refused (not root, no
-`ip`), `create()` returns why, and the campaign reports the fault as not run.
+`ip`), `create()` returns why, and where `tc` refuses a per-port cut `link_cut_refused()` says why; the
+campaign then reports the faults as not run.
 """
 
 from __future__ import annotations
@@ -19,14 +29,31 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import shutil
 import subprocess
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 SLOW_RATE = "256kbit"
 SLOW_LATENCY = "200ms"
 SLOW_BURST = "8kb"
 PIPE_CHUNK = 65536
+CELLS_PER_PROCESS = 2
+DROP_CLASS = "1:1"
+PROBE_PORT = 9
+
+
+class LinkCutError(RuntimeError):
+    """`tc` refused a step of a per-port cut; the message is the command and its error."""
+
+
+@dataclass
+class LinkCut:
+    """A per-port cut (`NetworkCell.cut_from`): its port and, once it ended, the packets dropped."""
+
+    port: int
+    dropped: int = 0
 
 
 def _ip(*arguments: str) -> subprocess.CompletedProcess[str]:
@@ -46,14 +73,17 @@ class NetworkCell:
     pipes: set[asyncio.Task[None]] = field(default_factory=set)
 
     @classmethod
-    def create(cls) -> NetworkCell | str:
-        """The cell, or why it could not be made here."""
+    def create(cls, index: int = 0) -> NetworkCell | str:
+        """The cell number `index` (0 or 1) of this process, or why it could not be made here."""
         if os.geteuid() != 0:
             return "not root: network namespaces and veth pairs need CAP_NET_ADMIN"
         if shutil.which("ip") is None:
             return "no ip command (iproute2)"
-        tag = os.getpid() % 100_000
-        second, third = 200 + (os.getpid() // 64) % 50, (os.getpid() % 64) * 4
+        if not 0 <= index < CELLS_PER_PROCESS:
+            return f"cell {index}: a process has cells 0 to {CELLS_PER_PROCESS - 1}"
+        pid = os.getpid()
+        tag = f"{pid % 100_000}{'ab'[index]}"
+        second, third = 200 + (pid // 32) % 50, (pid % 32) * 8 + index * 4
         cell = cls(
             namespace=f"tfcell{tag}",
             host_interface=f"tfh{tag}",
@@ -108,6 +138,82 @@ class NetworkCell:
             await asyncio.sleep(seconds)  # the fault itself is the outage, not a synchronisation
         finally:
             await asyncio.to_thread(_ip, "link", "set", self.host_interface, "up")
+
+    @contextlib.asynccontextmanager
+    async def cut_from(self, port: int) -> AsyncIterator[LinkCut]:
+        """While open, the kernel drops the cell's TCP traffic with `host_ip:port`, both ways, and
+        nothing else (see the module); raises `LinkCutError` when `tc` refuses. The `LinkCut` it gives
+        holds, once closed, how many packets were dropped."""
+        cut = LinkCut(port)
+        await asyncio.to_thread(self._drop_port, port)
+        try:
+            yield cut
+        finally:
+            cut.dropped = await asyncio.to_thread(self._dropped_packets)
+            await asyncio.to_thread(self._clear_qdiscs)
+
+    async def partition_from(self, port: int, seconds: float) -> int:
+        """Cut the cell off from `host_ip:port` alone (NATS or Postgres) for `seconds`; the packets
+        the kernel dropped meanwhile (0: the service sent nothing there and nothing came)."""
+        async with self.cut_from(port) as cut:
+            await asyncio.sleep(seconds)  # the fault itself is the outage, not a synchronisation
+        return cut.dropped
+
+    def link_cut_refused(self) -> str | None:
+        """None when a per-port cut can be made here (one is made and removed), else `tc`'s refusal."""
+        if shutil.which("tc") is None:
+            return "no tc command (iproute2)"
+        try:
+            self._drop_port(PROBE_PORT)
+        except LinkCutError as error:
+            return str(error)
+        finally:
+            self._clear_qdiscs()
+        return None
+
+    def _ends(self) -> tuple[list[str], list[str]]:
+        """The `tc` command prefix of the host end and of the cell end."""
+        return (
+            ["tc"],
+            ["ip", "netns", "exec", self.namespace, "tc"],
+        )
+
+    def _drop_port(self, port: int) -> None:
+        host_end, cell_end = self._ends()
+        ends = (
+            (host_end, self.host_interface, f"src {self.host_ip}/32 match ip sport {port}"),
+            (cell_end, self.cell_interface, f"dst {self.host_ip}/32 match ip dport {port}"),
+        )
+        for tc, device, match in ends:
+            steps = (
+                f"qdisc add dev {device} root handle 1: htb default 0",
+                f"class add dev {device} parent 1: classid {DROP_CLASS} htb rate 8kbit quantum 1514",
+                f"qdisc add dev {device} parent {DROP_CLASS} handle 10: pfifo limit 0",
+                f"filter add dev {device} parent 1: protocol ip prio 1 u32 match ip protocol 6 0xff"
+                f" match ip {match} 0xffff flowid {DROP_CLASS}",
+            )
+            for step in steps:
+                done = subprocess.run([*tc, *step.split()], capture_output=True, text=True, check=False)
+                if done.returncode != 0:
+                    self._clear_qdiscs()
+                    raise LinkCutError(f"tc {step}: {done.stderr.strip()}")
+
+    def _dropped_packets(self) -> int:
+        """Packets the dropping `pfifo` (handle 10:) of each end has dropped (`tc -s qdisc show`)."""
+        host_end, cell_end = self._ends()
+        dropped = 0
+        for tc, device in ((host_end, self.host_interface), (cell_end, self.cell_interface)):
+            command = [*tc, "-s", "qdisc", "show", "dev", device]
+            shown = subprocess.run(command, capture_output=True, text=True, check=False)
+            dropper = shown.stdout.partition("qdisc pfifo 10:")[2]
+            if found := re.search(r"dropped (\d+)", dropper):
+                dropped += int(found.group(1))
+        return dropped
+
+    def _clear_qdiscs(self) -> None:
+        host_end, cell_end = self._ends()
+        for tc, device in ((host_end, self.host_interface), (cell_end, self.cell_interface)):
+            subprocess.run([*tc, "qdisc", "del", "dev", device, "root"], capture_output=True, check=False)
 
     async def slow_link(self, seconds: float) -> None:
         """A slow link that drops what overflows its queue, both ways, for `seconds`."""
