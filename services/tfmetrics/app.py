@@ -24,8 +24,7 @@ from tfmetrics.core.billing import Bill
 from tfmetrics.core.pricing import pricing_problems
 from tfmetrics.core.recommendations import RecommendationPolicy
 from tfmetrics.core.series import Sample, snapshot_samples
-from tfmetrics.dashboard import DashboardSources, build_dashboard_router
-from tfmetrics.defrag_reads import campaigns_since, latest_campaigns
+from tfmetrics.dashboard import DashboardSources, build_dashboard_router, campaigns_since, latest_campaigns
 from tfmetrics.exporter import build_metrics_router, series_board
 from tfmetrics.handlers import count_events_handler, record_usage_handler
 from tfmetrics.live import Clock, LiveView
@@ -120,7 +119,7 @@ async def compose(context: ServiceContext[MetricsSettings], clock: Clock = utc_n
     async def bill_for_window(window: timedelta, quantum: Decimal) -> Bill:
         end = utc_now()
         return await bill_from_ledger(
-            context.database,
+            context.ledger,
             config.current(),
             prices,
             start=end - window,
@@ -132,15 +131,15 @@ async def compose(context: ServiceContext[MetricsSettings], clock: Clock = utc_n
     return Components(
         routers=[
             build_metrics_router(),
-            build_billing_router(context.database, config.current, prices),
+            build_billing_router(context.ledger, config.current, prices),
             build_dashboard_router(
                 view,
                 DashboardSources(
                     bill_for_window=bill_for_window,
                     bill_to_json=bill_to_json,
                     history=history,
-                    campaigns=lambda: latest_campaigns(engine),
-                    campaigns_since=lambda start: campaigns_since(engine, start),
+                    campaigns=lambda: latest_campaigns(context.ledger),
+                    campaigns_since=lambda start: campaigns_since(context.ledger, start),
                     pending=lambda: pending_workloads(engine),
                 ),
             ),

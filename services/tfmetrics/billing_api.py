@@ -1,9 +1,10 @@
 """`GET /api/v1/billing`: a bill for any period from the ledger, priced with the pools' `qosConfig`.
 
 The HTTP shell around `tfmetrics.core.billing`: parses the query (bad input is a 400 naming the
-parameter and the fix), reads the held intervals from the ledger and renders the `Bill` as JSON with
-money as decimal strings (never floats). Where a GPU model has no dedicated price, `dedicatedCost` and
-`savings` are null and `savingsUnknownReason` says which model and how to price it.
+parameter and the fix), reads the held intervals from the ledger (`Ledger.held_shares`) and renders
+the `Bill` as JSON with money as decimal strings (never floats). Where a GPU model has no dedicated
+price, `dedicatedCost` and `savings` are null and `savingsUnknownReason` says which model and how to
+price it.
 """
 
 from __future__ import annotations
@@ -15,12 +16,14 @@ from typing import Any
 
 from fastapi import APIRouter, Query
 from fastapi.responses import JSONResponse
-from sqlalchemy.ext.asyncio import AsyncEngine
 from tfcommon.config import TfConfig
+from tfcommon.ledger.port import Ledger
+from tfcommon.ledger.records import HeldShare
 
 from tfmetrics.core.billing import (
     GROUP_BY_CHOICES,
     Bill,
+    BillableShare,
     BillingInputError,
     GroupBy,
     PoolPricing,
@@ -28,7 +31,6 @@ from tfmetrics.core.billing import (
     unpriced_note,
 )
 from tfmetrics.core.pricing import PricingError, parse_pool_pricing
-from tfmetrics.ledger_reads import billable_shares
 
 DEFAULT_PERIOD = timedelta(days=30)
 Clock = Callable[[], datetime]
@@ -57,6 +59,29 @@ def parse_time(value: str, parameter: str) -> datetime:
     return moment
 
 
+def billable_share(share: HeldShare) -> BillableShare:
+    """The ledger's held interval as billing prices it: the workload is the owner, else the pod, and
+    the eviction-protection window runs from the share's start."""
+    protection_s = share.eviction_protection_s
+    return BillableShare(
+        allocation_id=str(share.allocation_id),
+        gpu_uuid=share.gpu_uuid,
+        namespace=share.workload.namespace,
+        pod=share.workload.name,
+        workload=share.workload.workload or share.workload.name,
+        qos=share.qos,
+        pool=share.pool,
+        gpu_model=share.gpu_model,
+        request_tflops_milli=share.request_tflops_milli,
+        request_vram_bytes=share.request_vram_bytes,
+        limit_tflops_milli=share.limit_tflops_milli,
+        limit_vram_bytes=share.limit_vram_bytes,
+        start=share.start,
+        end=share.end,
+        protected_until=share.start + timedelta(seconds=protection_s) if protection_s else None,
+    )
+
+
 def pool_pricing(config: TfConfig, pools: set[str]) -> dict[str, PoolPricing]:
     """Each pool's prices from its `specTemplate.qosConfig`; a pool not in the file gets the defaults."""
     result: dict[str, PoolPricing] = {}
@@ -70,7 +95,7 @@ def pool_pricing(config: TfConfig, pools: set[str]) -> dict[str, PoolPricing]:
 
 
 async def bill_from_ledger(
-    engine: AsyncEngine,
+    ledger: Ledger,
     config: TfConfig,
     gpu_cost_per_hour: Mapping[str, Decimal],
     *,
@@ -82,7 +107,7 @@ async def bill_from_ledger(
     """The bill for [start, end) from the ledger's history; raises `BillingInputError`/`PricingError`."""
     if end <= start:
         raise BillingInputError(f"to: {end.isoformat()} must be after from {start.isoformat()}")
-    shares = await billable_shares(engine, start, end)
+    shares = [billable_share(share) for share in await ledger.held_shares(start, end)]
     pricing = pool_pricing(config, {share.pool for share in shares})
     return compute_bill(
         shares, pricing, gpu_cost_per_hour, start=start, end=end, group_by=group_by, quantum=quantum
@@ -135,12 +160,12 @@ def _parse_quantum(value: str) -> Decimal:
 
 
 def build_billing_router(
-    engine: AsyncEngine,
+    ledger: Ledger,
     config: Callable[[], TfConfig],
     gpu_cost_per_hour: Mapping[str, Decimal],
     clock: Clock = utc_now,
 ) -> APIRouter:
-    """The billing endpoint over the ledger at `engine`; `config` returns the configuration in force."""
+    """The billing endpoint over `ledger`; `config` returns the configuration in force."""
     router = APIRouter(tags=["billing"])
 
     @router.get("/api/v1/billing")
@@ -156,7 +181,7 @@ def build_billing_router(
             if group_by not in GROUP_BY_CHOICES:
                 raise QueryError(f"groupBy: {group_by!r} is not one of {', '.join(GROUP_BY_CHOICES)}")
             bill = await bill_from_ledger(
-                engine,
+                ledger,
                 config(),
                 gpu_cost_per_hour,
                 start=period_start,

@@ -4,9 +4,10 @@
 The page polls the data every two seconds and the history every sample interval. The data comes from
 the live view's latest ledger snapshot (`tfmetrics.core.dashboard`: pools, node health, GPUs), the
 scheduler's pending workloads, a 24-hour bill with savings (at most `BILL_MAX_AGE_S` old), and each
-pool's running and last defrag campaign; the history from the service's own pool samples
-(`tfmetrics.pool_history`) and the defrag campaigns in the window. A failing bill, campaign or pending
-read is shown as an error on the page, never as a failed response.
+pool's running and last defrag campaign (`Ledger.latest_defrag_campaigns`); the history from the
+service's own pool samples (`tfmetrics.pool_history`) and the defrag campaigns in the window
+(`Ledger.defrag_campaigns_since`). A failing bill, campaign or pending read is shown as an error on
+the page, never as a failed response.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Query
 from fastapi.responses import HTMLResponse, JSONResponse
+from tfcommon.ledger.port import Ledger
+from tfcommon.ledger.records import DefragCampaignSummary
 
 from tfmetrics.core.billing import Bill, BillingInputError
 from tfmetrics.core.dashboard import (
@@ -48,6 +51,8 @@ CampaignsSince = Callable[[datetime], Awaitable[Sequence[CampaignSummary]]]
 PendingReads = Callable[[], Awaitable[tuple[Sequence[PendingWorkload], int]]]
 T = TypeVar("T")
 MAX_HISTORY_HOURS = HISTORY_WINDOW.total_seconds() / 3600
+MARKED_CAMPAIGNS_LIMIT = 500
+"""The most campaigns one history window marks, the newest (the planner runs a few a day per pool)."""
 HistoryHours = Annotated[
     float,
     Query(gt=0, le=MAX_HISTORY_HOURS, description="how far back, in hours (at most 24, the default)"),
@@ -66,6 +71,36 @@ async def no_campaigns() -> Sequence[CampaignSummary]:
 
 async def no_campaigns_since(_start: datetime) -> Sequence[CampaignSummary]:
     return ()
+
+
+def campaign_summary(campaign: DefragCampaignSummary) -> CampaignSummary:
+    return CampaignSummary(
+        pool=campaign.pool,
+        trigger=campaign.trigger,
+        running=campaign.running,
+        started_at=campaign.started_at,
+        finished_at=campaign.finished_at,
+        deadline_at=campaign.deadline_at,
+        outcome=campaign.outcome,
+        current_node=campaign.current_node,
+        nodes_drained=campaign.nodes_drained,
+        nodes_failed=campaign.nodes_failed,
+        nodes_skipped=campaign.nodes_skipped,
+        pods_evicted=campaign.pods_evicted,
+        stranded_pods=campaign.stranded_pods,
+    )
+
+
+async def latest_campaigns(ledger: Ledger) -> list[CampaignSummary]:
+    """Each pool's running defrag campaign and its last finished one, by pool name."""
+    return [campaign_summary(campaign) for campaign in await ledger.latest_defrag_campaigns()]
+
+
+async def campaigns_since(ledger: Ledger, start: datetime) -> list[CampaignSummary]:
+    """The campaigns running now or finished at or after `start` (the newest `MARKED_CAMPAIGNS_LIMIT`),
+    oldest first."""
+    campaigns = await ledger.defrag_campaigns_since(start, limit=MARKED_CAMPAIGNS_LIMIT)
+    return [campaign_summary(campaign) for campaign in campaigns]
 
 
 async def no_pending() -> tuple[Sequence[PendingWorkload], int]:

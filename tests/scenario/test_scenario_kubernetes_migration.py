@@ -292,7 +292,7 @@ async def test_automatic_migration_converts_only_new_pods_in_scope(
 
 async def test_the_bill_shows_each_namespace_cost_and_the_savings_against_whole_gpus(kube: KubeStack) -> None:
     bill = await bill_from_ledger(
-        kube.ledger.engine,
+        kube.ledger,
         TfConfig(),
         {"H100": Decimal("2.49")},
         start=STORY_STARTED,

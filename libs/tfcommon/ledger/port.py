@@ -7,25 +7,30 @@ Postgres adapter that satisfies it. The ledger's records come from `tfcommon.led
 Tables a service owns itself (the scheduler's workloads, the defrag planner's campaigns, the webhook's
 pod index sequence, the metrics service's pool samples) live on the same database but are not the
 ledger's: the service reaches them with `ServiceContext.database`, and commits its own statements
-with the ledger's changes through `transaction()` (`LedgerTransaction.connection`).
+with the ledger's changes through `transaction()` (`LedgerTransaction.connection`). Another service
+reads such a table here, not with its own SQL (the metrics dashboard reads the planner's campaigns).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager
+from datetime import datetime
 from typing import TYPE_CHECKING, Protocol
 from uuid import UUID
 
 from tfcommon.ledger.records import (
     AllocationRecord,
+    DefragCampaignSummary,
     GpuRecord,
     GpuSpec,
+    HeldShare,
     HoldFor,
     HoldRecord,
     NamespaceShare,
     NodeRecord,
     NodeSpec,
+    NodeState,
     PlacementFacts,
     PoolRecord,
     QuotaHeld,
@@ -88,6 +93,14 @@ class Ledger(Protocol):
         """Every GPU, by node and index."""
         ...
 
+    async def node_states(self) -> list[NodeState]:
+        """Every node's flags, last heartbeat and drain marker, by name, without labels or GPUs."""
+        ...
+
+    async def node_inventory(self, name: str) -> tuple[NodeRecord, list[GpuRecord]] | None:
+        """The node and its GPUs (by index), read together; None when the ledger has no such node."""
+        ...
+
     async def placement_facts(self) -> PlacementFacts:
         """Nodes, GPUs and unreleased allocations as one consistent snapshot (the scheduler's view)."""
         ...
@@ -114,6 +127,20 @@ class Ledger(Protocol):
 
     async def expired_holds(self) -> list[HoldRecord]:
         """The defrag holds past their expiry and not yet released."""
+        ...
+
+    async def held_shares(self, start: datetime, end: datetime) -> list[HeldShare]:
+        """Every GPU share that held capacity at some moment in [start, end), with the interval it
+        held it (from the allocation history), by the moment it opened: what billing prices."""
+        ...
+
+    async def latest_defrag_campaigns(self) -> list[DefragCampaignSummary]:
+        """Each pool's running defrag campaign, if any, and its last finished one, by pool name."""
+        ...
+
+    async def defrag_campaigns_since(self, start: datetime, *, limit: int) -> list[DefragCampaignSummary]:
+        """The defrag campaigns running now or finished at or after `start`, the `limit` that started
+        last, oldest first."""
         ...
 
     # changes

@@ -393,3 +393,47 @@ class HoldRecord:
 
     allocation: AllocationRecord
     held_for: HoldFor
+
+
+@dataclass(frozen=True)
+class HeldShare:
+    """One GPU share of an allocation and the interval it held capacity, from the allocation history:
+    from its `opened` entry (`start`) to its `released` or `evicted` entry (`end`; None: still held).
+    `workload` is the allocation's (`workload.workload`: the owning controller, when recorded);
+    quantities are per GPU; `eviction_protection_s` is the allocation's, from the reservation (None:
+    none). What billing prices (`Ledger.held_shares`)."""
+
+    allocation_id: UUID
+    gpu_uuid: str
+    workload: WorkloadRef
+    qos: QoS
+    pool: str
+    gpu_model: str
+    request_tflops_milli: int
+    request_vram_bytes: int
+    limit_tflops_milli: int
+    limit_vram_bytes: int
+    eviction_protection_s: int | None
+    start: datetime
+    end: datetime | None
+
+
+@dataclass(frozen=True)
+class DefragCampaignSummary:
+    """One defrag campaign (the planner's `defrag_campaign` row, revision `0004_defrag_campaigns`) as
+    readers other than the planner see it, its node lists reduced to counts (`Ledger.latest_defrag_campaigns`,
+    `Ledger.defrag_campaigns_since`)."""
+
+    pool: str
+    trigger: str
+    running: bool
+    started_at: datetime
+    finished_at: datetime | None
+    deadline_at: datetime | None
+    outcome: str | None
+    current_node: str | None
+    nodes_drained: int
+    nodes_failed: int
+    nodes_skipped: int
+    pods_evicted: int
+    stranded_pods: int

@@ -41,8 +41,10 @@ from tfcommon.ledger.records import (
     OPERATOR_NODE_LABELS,
     PLANNER_MARKER_PREFIXES,
     AllocationRecord,
+    DefragCampaignSummary,
     GpuRecord,
     GpuSpec,
+    HeldShare,
     HistoryKind,
     HistoryRecord,
     HoldFor,
@@ -339,6 +341,103 @@ class SqlLedger:
                 )
                 for row in await connection.execute(query)
             ]
+
+    # ------------------------------------------------------- billing, dashboard and defrag planner
+
+    async def held_shares(self, start: datetime, end: datetime) -> list[HeldShare]:
+        """Every GPU share that held capacity at some moment in [start, end), by the moment it opened
+        (then by allocation and GPU): each share from its `opened` history entry to its first `released`
+        or `evicted` one (none yet: still held)."""
+        allocation = tables.allocation.c
+        history = tables.allocation_history.c
+        opened_at = sa.func.min(history.occurred_at).filter(history.kind == "opened")
+        closed_at = sa.func.min(history.occurred_at).filter(history.kind.in_(("released", "evicted")))
+        query = (
+            select(
+                allocation.allocation_id,
+                allocation.gpu_uuid,
+                allocation.workload_namespace,
+                allocation.workload_name,
+                allocation.workload_uid,
+                allocation.workload_owner,
+                allocation.qos,
+                allocation.pool_name,
+                tables.gpu.c.model,
+                allocation.request_tflops_milli,
+                allocation.request_vram_bytes,
+                allocation.limit_tflops_milli,
+                allocation.limit_vram_bytes,
+                allocation.eviction_protection_s,
+                opened_at.label("opened_at"),
+                closed_at.label("closed_at"),
+            )
+            .select_from(
+                tables.allocation.join(
+                    tables.allocation_history,
+                    and_(
+                        history.allocation_id == allocation.allocation_id,
+                        history.gpu_uuid == allocation.gpu_uuid,
+                    ),
+                ).join(tables.gpu, tables.gpu.c.uuid == allocation.gpu_uuid)
+            )
+            .group_by(allocation.id, tables.gpu.c.model)
+            .having(and_(opened_at < end, sa.or_(closed_at.is_(None), closed_at > start)))
+            .order_by(opened_at, allocation.id)
+        )
+        async with self.engine.connect() as connection:
+            rows = (await connection.execute(query)).all()
+        return [
+            HeldShare(
+                allocation_id=row.allocation_id,
+                gpu_uuid=row.gpu_uuid,
+                workload=WorkloadRef(
+                    namespace=row.workload_namespace,
+                    name=row.workload_name,
+                    uid=row.workload_uid,
+                    workload=row.workload_owner,
+                ),
+                qos=row.qos,
+                pool=row.pool_name,
+                gpu_model=row.model,
+                request_tflops_milli=row.request_tflops_milli,
+                request_vram_bytes=row.request_vram_bytes,
+                limit_tflops_milli=row.limit_tflops_milli,
+                limit_vram_bytes=row.limit_vram_bytes,
+                eviction_protection_s=row.eviction_protection_s,
+                start=row.opened_at,
+                end=row.closed_at,
+            )
+            for row in rows
+        ]
+
+    async def latest_defrag_campaigns(self) -> list[DefragCampaignSummary]:
+        """Each pool's running defrag campaign, if any, and its last finished one, by pool name (the
+        planner's `defrag_campaign` table, read-only)."""
+        query = text(
+            f"""
+            SELECT DISTINCT ON (pool_name, state) {_CAMPAIGN_FIELDS}
+            FROM defrag_campaign
+            ORDER BY pool_name, state, started_at DESC
+            """
+        )
+        async with self.engine.connect() as connection:
+            return [_campaign_summary(row) for row in await connection.execute(query)]
+
+    async def defrag_campaigns_since(self, start: datetime, *, limit: int) -> list[DefragCampaignSummary]:
+        """The defrag campaigns running now or finished at or after `start`, the `limit` that started
+        last, oldest first."""
+        query = text(
+            f"""
+            SELECT {_CAMPAIGN_FIELDS}
+            FROM defrag_campaign
+            WHERE state = 'running' OR finished_at >= :start
+            ORDER BY started_at DESC, pool_name
+            LIMIT :limit
+            """
+        )
+        async with self.engine.connect() as connection:
+            rows = (await connection.execute(query, {"start": start, "limit": limit})).all()
+        return [_campaign_summary(row) for row in reversed(rows)]
 
     # ---------------------------------------------------------------------------------- changes
 
@@ -1362,3 +1461,30 @@ def _constraint_name(error: IntegrityError) -> str | None:
     diagnostics = getattr(error.orig, "diag", None)
     name = getattr(diagnostics, "constraint_name", None)
     return name if isinstance(name, str) else None
+
+
+_CAMPAIGN_FIELDS = """pool_name, trigger, state, started_at, finished_at, deadline_at, outcome, current_node,
+    drained_nodes, failed_nodes, skipped_nodes, pods_evicted, stranded_pods"""
+"""The `defrag_campaign` columns a `DefragCampaignSummary` is read from."""
+
+
+def _count(value: Any) -> int:
+    return len(value) if isinstance(value, list | dict) else 0
+
+
+def _campaign_summary(row: Row[Any]) -> DefragCampaignSummary:
+    return DefragCampaignSummary(
+        pool=row.pool_name,
+        trigger=row.trigger,
+        running=row.state == "running",
+        started_at=row.started_at,
+        finished_at=row.finished_at,
+        deadline_at=row.deadline_at,
+        outcome=row.outcome,
+        current_node=row.current_node,
+        nodes_drained=_count(row.drained_nodes),
+        nodes_failed=_count(row.failed_nodes),
+        nodes_skipped=_count(row.skipped_nodes),
+        pods_evicted=row.pods_evicted,
+        stranded_pods=row.stranded_pods,
+    )

@@ -438,7 +438,7 @@ async def test_a_bill_from_the_ledger_charges_the_recorded_eviction_protection(d
         for reserved in (protected, plain):
             assert await ledger.release(reserved.allocation.allocation_id, "pod-deleted")
         bill = await bill_from_ledger(
-            ledger.engine,
+            ledger,
             parse_config(CONFIG),
             {},
             start=T0,
