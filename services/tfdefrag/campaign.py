@@ -260,7 +260,7 @@ class CampaignExecutor:
 
     async def _mark_node(self, node: str, marks: tuple[dict[str, str | None], dict[str, str | None]]) -> None:
         labels, annotations = marks
-        await self.deps.store.set_ledger_node_markers(node, labels, annotations)
+        await self.deps.ledger.set_node_markers(node, labels, annotations)
         if await self.deps.cluster.get_node(node) is not None:
             await self.deps.cluster.patch_node_metadata(node, labels=labels, annotations=annotations)
 

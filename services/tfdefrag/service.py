@@ -209,7 +209,7 @@ class DefragService:
             loaded.snapshot.nodes, self.deps.clock(), minimum=minimum, warm=warm, maximum=self._maximum(pool)
         )
         for node in decision.mark:
-            await self.deps.store.set_ledger_node_markers(node, {markers.SHOULD_DELETE: "true"}, {})
+            await self.deps.ledger.set_node_markers(node, {markers.SHOULD_DELETE: "true"}, {})
             if await self.deps.cluster.get_node(node) is not None:
                 await self.deps.cluster.patch_node_metadata(node, labels={markers.SHOULD_DELETE: "true"})
         return list(decision.mark)
@@ -232,7 +232,7 @@ class DefragService:
             ):
                 labels, annotations = markers.clear_source_markers()
                 await self.deps.cluster.patch_node_metadata(node.name, labels=labels, annotations=annotations)
-                await self.deps.store.set_ledger_node_markers(node.name, labels, annotations)
+                await self.deps.ledger.set_node_markers(node.name, labels, annotations)
         for pod in await self.deps.cluster.list_pods(labels={markers.DEFRAG_EVICTED: "true"}):
             if pod.annotations.get(markers.DEFRAG_EVICTED_POOL, pool) != pool:
                 continue

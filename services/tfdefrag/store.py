@@ -17,7 +17,6 @@ from uuid import UUID
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import JSONB, insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
-from tfcommon.ledger import tables as ledger_tables
 
 metadata = sa.MetaData()
 defrag_pool_state = sa.Table(
@@ -379,22 +378,3 @@ class CampaignStore:
         )
         async with self.engine.connect() as connection:
             return [_move(row) for row in await connection.execute(query)]
-
-    async def set_ledger_node_markers(
-        self, node: str, labels: Mapping[str, str | None], annotations: Mapping[str, str | None]
-    ) -> None:
-        """Mirror node markers into the ledger's node row, which the scheduler's view reads."""
-        column = ledger_tables.node.c
-        values: dict[str, Any] = {}
-        for name, changes in (("labels", labels), ("annotations", annotations)):
-            current: Any = getattr(column, name)
-            to_set = {key: value for key, value in changes.items() if value is not None}
-            to_remove = [key for key, value in changes.items() if value is None]
-            merged: Any = current.op("||")(sa.cast(to_set, JSONB))
-            for key in to_remove:
-                merged = merged.op("-")(key)
-            values[name] = merged
-        async with self.engine.begin() as connection:
-            await connection.execute(
-                sa.update(ledger_tables.node).where(column.name == node).values(**values)
-            )

@@ -13,7 +13,7 @@ reads such a table here, not with its own SQL (the metrics dashboard reads the p
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from datetime import datetime
 from typing import TYPE_CHECKING, Protocol
@@ -77,6 +77,13 @@ class Ledger(Protocol):
 
     async def set_node_cordoned(self, node_name: str, cordoned: bool) -> bool:
         """Cordon or uncordon the node (no new placements on it while cordoned)."""
+        ...
+
+    async def set_node_markers(
+        self, node_name: str, labels: Mapping[str, str | None], annotations: Mapping[str, str | None]
+    ) -> bool:
+        """Set the node's `labels` and `annotations` given a value and remove those given None, at once
+        (the defrag planner's markers, which the scheduler's view and `reserve` read)."""
         ...
 
     # reads

@@ -14,7 +14,7 @@ import json
 import logging
 import re
 import threading
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any, cast
@@ -438,6 +438,22 @@ class SqlLedger:
         async with self.engine.connect() as connection:
             rows = (await connection.execute(query, {"start": start, "limit": limit})).all()
         return [_campaign_summary(row) for row in reversed(rows)]
+
+    async def set_node_markers(
+        self, node_name: str, labels: Mapping[str, str | None], annotations: Mapping[str, str | None]
+    ) -> bool:
+        """Set the node's `labels` and `annotations` given a value and remove those given None, in one
+        update (the defrag planner's markers, mirrored from the cluster for the scheduler's view); False
+        when the node is not registered."""
+        values: dict[str, Any] = {}
+        for name, changes in (("labels", labels), ("annotations", annotations)):
+            merged: Any = tables.node.c[name].op("||")(
+                sa.cast({key: value for key, value in changes.items() if value is not None}, JSONB)
+            )
+            for key in (key for key, value in changes.items() if value is None):
+                merged = merged.op("-")(key)
+            values[name] = merged
+        return await self._update_node(node_name, **values)
 
     # ---------------------------------------------------------------------------------- changes
 

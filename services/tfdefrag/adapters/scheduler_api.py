@@ -8,9 +8,10 @@ evicted and recreates it (same name, new uid), as a controller would. PodDisrupt
 YAML file of `policy/v1` manifests (`TF_DEFRAG_PDB_FILE`); like the API server, this adapter computes
 their status from the live workloads and refuses an eviction a budget does not allow.
 
-Node markers live in the ledger's node rows, which the planner writes itself, so node patches have
-nothing else to write here. The pure parts (`pod_from_workload`, `node_from_api`, `parse_budgets`,
-`budget_status`) make no I/O. Never used in Kubernetes mode.
+Node markers live in the ledger's node rows, which the planner writes itself
+(`Ledger.set_node_markers`), so node patches have nothing else to write here. The pure parts
+(`pod_from_workload`, `node_from_api`, `parse_budgets`, `budget_status`) make no I/O. Never used in
+Kubernetes mode.
 """
 
 from __future__ import annotations

@@ -23,7 +23,6 @@ from tfcommon.ledger.records import (
 from tfcommon.ledger.sql import SqlLedger
 from tfcommon.ledger.testing import GIB, a_node_with_gpus, a_reservation
 from tfdefrag.core.markers import clear_source_markers, source_markers
-from tfdefrag.store import CampaignStore
 
 pytestmark = pytest.mark.integration
 
@@ -263,8 +262,7 @@ async def test_a_node_the_defrag_planner_drains_takes_no_new_reservation_even_af
     ledger: SqlLedger,
 ) -> None:
     node, (gpu,) = await a_node_with_gpus(ledger)
-    planner = CampaignStore(ledger.engine)
-    await planner.set_ledger_node_markers(node, *source_markers("default", datetime.now(UTC)))
+    assert await ledger.set_node_markers(node, *source_markers("default", datetime.now(UTC)))
     [registered] = [known for known in await ledger.list_nodes() if known.name == node]
     await ledger.upsert_node(
         NodeSpec(name=node, pool=registered.pool, labels={"zone": "b"}, annotations={"agent": "v2"})
@@ -284,7 +282,8 @@ async def test_a_node_the_defrag_planner_drains_takes_no_new_reservation_even_af
         "tensor-fusion.ai/defrag-source-since",
         "tensor-fusion.ai/defrag-source-pool",
     }
-    await planner.set_ledger_node_markers(node, *clear_source_markers())
+    assert await ledger.set_node_markers(node, *clear_source_markers())
+    assert not await ledger.set_node_markers(f"{node}-gone", *clear_source_markers())
     assert isinstance(await ledger.reserve(a_reservation(node, {gpu: (1, 1)})), Reserved)
 
 
