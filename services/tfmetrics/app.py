@@ -51,8 +51,7 @@ async def compose(context: ServiceContext[MetricsSettings], clock: Clock = utc_n
     )
     prices, price_tasks = wire_prices(settings.gpu_cost_per_hour, context.stopping, context.cleanup.callback)
     view = LiveView(context.ledger, clock=clock)
-    engine = context.database
-    history = PoolHistory(engine, clock, timedelta(seconds=settings.history_interval_s))
+    history = PoolHistory(context.database, clock, timedelta(seconds=settings.history_interval_s))
     board = series_board()
     recommendations = RecommendationStore(context.database)
     recommender = Recommender(
@@ -140,7 +139,7 @@ async def compose(context: ServiceContext[MetricsSettings], clock: Clock = utc_n
                     history=history,
                     campaigns=lambda: latest_campaigns(context.ledger),
                     campaigns_since=lambda start: campaigns_since(context.ledger, start),
-                    pending=lambda: pending_workloads(engine),
+                    pending=lambda: pending_workloads(context.ledger),
                 ),
             ),
             build_recommendations_router(recommendations, config.current),

@@ -1,32 +1,22 @@
-"""Reads the scheduler's pending workloads (ledger revision `0003_scheduler_workloads`) for the dashboard.
+"""The scheduler's pending workloads for the dashboard, read through the ledger port.
 
 Each pending workload with what it asks for and the scheduler's reason, in the scheduler's own order
-(highest priority, then QoS, then the oldest), at most `PENDING_LIMIT` of them with the total count.
-Read-only, plain SQL over the scheduler's table (the metrics service never imports the scheduler); the
-scheduler is the only writer.
+(highest priority, then QoS, then the oldest), at most `PENDING_LIMIT` of them with the total count
+(`Ledger.pending_workloads`). The submission document the scheduler stored is read leniently: a field
+it lacks shows as empty (the metrics service never imports the scheduler).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import sqlalchemy as sa
-from sqlalchemy.ext.asyncio import AsyncEngine
+from tfcommon.ledger.port import Ledger
+from tfcommon.ledger.records import PendingSubmission
 
 from tfmetrics.core.dashboard import PendingWorkload
 
 PENDING_LIMIT = 200
 """The most pending workloads the dashboard lists; the count covers them all."""
-
-_PENDING = sa.text(
-    """
-    SELECT namespace, name, submission, reason, submitted_at, count(*) OVER () AS total
-    FROM scheduler_workload
-    WHERE state = 'pending'
-    ORDER BY priority DESC, qos_rank DESC, submitted_at
-    LIMIT :limit
-    """
-)
 
 
 def _object(value: Any) -> dict[str, Any]:
@@ -43,7 +33,7 @@ def _text(document: dict[str, Any], key: str) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
-def _pending(row: Any) -> PendingWorkload:
+def _pending(row: PendingSubmission) -> PendingWorkload:
     submission = _object(row.submission)
     request = _object(submission.get("request"))
     return PendingWorkload(
@@ -61,8 +51,7 @@ def _pending(row: Any) -> PendingWorkload:
     )
 
 
-async def pending_workloads(engine: AsyncEngine) -> tuple[list[PendingWorkload], int]:
+async def pending_workloads(ledger: Ledger) -> tuple[list[PendingWorkload], int]:
     """The first `PENDING_LIMIT` pending workloads in the scheduler's order, and how many are pending."""
-    async with engine.connect() as connection:
-        rows = (await connection.execute(_PENDING, {"limit": PENDING_LIMIT})).all()
-    return [_pending(row) for row in rows], (rows[0].total if rows else 0)
+    pending, total = await ledger.pending_workloads(PENDING_LIMIT)
+    return [_pending(row) for row in pending], total

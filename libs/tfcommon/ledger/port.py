@@ -8,7 +8,8 @@ Tables a service owns itself (the scheduler's workloads, the defrag planner's ca
 pod index sequence, the metrics service's pool samples) live on the same database but are not the
 ledger's: the service reaches them with `ServiceContext.database`, and commits its own statements
 with the ledger's changes through `transaction()` (`LedgerTransaction.connection`). Another service
-reads such a table here, not with its own SQL (the metrics dashboard reads the planner's campaigns).
+reads such a table here, not with its own SQL (the metrics dashboard reads the planner's campaigns
+and the scheduler's pending workloads).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from tfcommon.ledger.records import (
     NodeRecord,
     NodeSpec,
     NodeState,
+    PendingSubmission,
     PlacementFacts,
     PoolRecord,
     QuotaHeld,
@@ -148,6 +150,11 @@ class Ledger(Protocol):
     async def defrag_campaigns_since(self, start: datetime, *, limit: int) -> list[DefragCampaignSummary]:
         """The defrag campaigns running now or finished at or after `start`, the `limit` that started
         last, oldest first."""
+        ...
+
+    async def pending_workloads(self, limit: int) -> tuple[list[PendingSubmission], int]:
+        """The first `limit` workloads the scheduler keeps pending, in its order (highest priority, then
+        QoS, then the oldest), and how many are pending in all."""
         ...
 
     # changes

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Literal, NamedTuple, get_args
+from typing import Any, Literal, NamedTuple, get_args
 from uuid import UUID
 
 from tfcommon.events import IsolationMode, QosLevel, WorkloadRef
@@ -437,3 +437,17 @@ class DefragCampaignSummary:
     nodes_skipped: int
     pods_evicted: int
     stranded_pods: int
+
+
+@dataclass(frozen=True)
+class PendingSubmission:
+    """A workload the scheduler keeps pending (its `scheduler_workload` row, revision
+    `0003_scheduler_workloads`) as readers other than the scheduler see it: the submission document as
+    the scheduler stored it, its reason for waiting and when it was submitted
+    (`Ledger.pending_workloads`)."""
+
+    namespace: str
+    name: str
+    submission: Mapping[str, Any]
+    reason: str | None
+    submitted_at: datetime

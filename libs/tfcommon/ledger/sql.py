@@ -55,6 +55,7 @@ from tfcommon.ledger.records import (
     NodeRecord,
     NodeSpec,
     NodeState,
+    PendingSubmission,
     PlacementFacts,
     PoolRecord,
     QuotaHeld,
@@ -438,6 +439,33 @@ class SqlLedger:
         async with self.engine.connect() as connection:
             rows = (await connection.execute(query, {"start": start, "limit": limit})).all()
         return [_campaign_summary(row) for row in reversed(rows)]
+
+    async def pending_workloads(self, limit: int) -> tuple[list[PendingSubmission], int]:
+        """The first `limit` workloads the scheduler keeps pending, in its own order (highest priority,
+        then QoS, then the oldest), and how many are pending in all (the scheduler's `scheduler_workload`
+        table, read-only)."""
+        query = text(
+            """
+            SELECT namespace, name, submission, reason, submitted_at, count(*) OVER () AS total
+            FROM scheduler_workload
+            WHERE state = 'pending'
+            ORDER BY priority DESC, qos_rank DESC, submitted_at
+            LIMIT :limit
+            """
+        )
+        async with self.engine.connect() as connection:
+            rows = (await connection.execute(query, {"limit": limit})).all()
+        pending = [
+            PendingSubmission(
+                namespace=row.namespace,
+                name=row.name,
+                submission=row.submission if isinstance(row.submission, dict) else {},
+                reason=row.reason,
+                submitted_at=row.submitted_at,
+            )
+            for row in rows
+        ]
+        return pending, (rows[0].total if rows else 0)
 
     async def set_node_markers(
         self, node_name: str, labels: Mapping[str, str | None], annotations: Mapping[str, str | None]
