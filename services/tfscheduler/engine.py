@@ -46,7 +46,7 @@ from tfscheduler.core.lifecycle import Transition
 from tfscheduler.core.preemption import Candidate
 from tfscheduler.core.quota import NamespaceQuota, check_single, with_defaults
 from tfscheduler.core.reports import unschedulable_summary
-from tfscheduler.core.view import allocation_id_for, placement_of, placement_request
+from tfscheduler.core.view import allocation_id_for, placement_of, placement_request_of
 from tfscheduler.eviction import Evictor, LocalEvictor, Removal
 from tfscheduler.intake import Queued, SubmissionIntake
 from tfscheduler.placing import MAX_BATCH, Placer
@@ -435,12 +435,7 @@ class Scheduler:
         """Where the workload would go now and why every other node does not fit; changes nothing."""
         quota = self.quotas.get(submission.workload.namespace)
         request = with_defaults(quota, submission.request)
-        wanted: PlacementRequest = placement_request(
-            f"{submission.workload.namespace}/{submission.workload.name}",
-            request,
-            tolerations=submission.tolerations,
-            node_selector=submission.node_selector,
-        )
+        wanted: PlacementRequest = placement_request_of(submission, request)
         profile = self.profile(request.pool)
         outcome = place(wanted, self.view, profile)
         nodes: dict[str, object] = {}

@@ -61,7 +61,7 @@ from tfscheduler.core.view import (
     allocation_id_for,
     into_hold,
     placement_of,
-    placement_request,
+    placement_request_of,
     with_gpus_full,
 )
 from tfscheduler.eviction import Evictor
@@ -312,18 +312,9 @@ class Placer:
             return statuses
         wanted: list[tuple[StoredWorkload, PlacementRequest]] = []
         for member in pending:
-            workload = member.submission.workload
             try:
                 wanted.append(
-                    (
-                        member,
-                        placement_request(
-                            f"{workload.namespace}/{workload.name}",
-                            requests[member.allocation_id],
-                            tolerations=member.submission.tolerations,
-                            node_selector=member.submission.node_selector,
-                        ),
-                    )
+                    (member, placement_request_of(member.submission, requests[member.allocation_id]))
                 )
             except PlacementRequestError as error:
                 statuses[member.allocation_id] = await self._refuse(member, str(error), None)
@@ -619,12 +610,7 @@ class Placer:
         if check_single(quota, request) is not None or node is None or node.name in self.keeper.blocked:
             return None
         try:
-            wanted = placement_request(
-                f"{workload.namespace}/{workload.name}",
-                request,
-                tolerations=submission.tolerations,
-                node_selector=submission.node_selector,
-            )
+            wanted = placement_request_of(submission, request)
         except PlacementRequestError:
             return None
         held = placement_of(hold.allocation, node)
@@ -661,30 +647,23 @@ class Placer:
     def _unplaceable(self, stored: StoredWorkload) -> tuple[str, Rejection] | None:
         """The unschedulable summary when the workload fits nowhere in the view and preempts nobody;
         None when it may be placed (or needs the full path: a quota, an invalid request)."""
+        attempt = self._plain_attempt(stored)
+        if attempt is None or not isinstance(attempt.outcome, Rejection):
+            return None
         submission = stored.submission
-        workload = submission.workload
-        if workload.namespace in self.quotas or self.keeper.capped(submission.request.pool):
-            return None
-        try:
-            wanted = placement_request(
-                f"{workload.namespace}/{workload.name}",
-                submission.request,
-                tolerations=submission.tolerations,
-                node_selector=submission.node_selector,
-            )
-        except PlacementRequestError:
-            return None
-        profile = self.policies.profile(submission.request.pool)
-        outcome = self._place(stored, wanted, profile)
-        if not isinstance(outcome, Rejection):
-            return None
         priority = Priority.of(submission.priority, submission.request.qos)
         plan = plan_preemption(
-            wanted, priority, self.keeper.view.nodes, self._candidates(priority), profile, self.clock()
+            attempt.wanted,
+            priority,
+            self.keeper.view.nodes,
+            self._candidates(priority),
+            attempt.profile,
+            self.clock(),
         )
         if not isinstance(plan, NoPreemption):
             return None
-        return unschedulable_summary(outcome, self.keeper.blocked, preemption_reason=plan.reason), outcome
+        summary = unschedulable_summary(attempt.outcome, self.keeper.blocked, preemption_reason=plan.reason)
+        return summary, attempt.outcome
 
     async def _wait_many(
         self, waiting: list[tuple[StoredWorkload, UUID | None, str, Rejection | None]], announce: bool
@@ -721,21 +700,23 @@ class Placer:
     def _quick_placement(self, stored: StoredWorkload) -> tuple[Placement, GpuRequest] | None:
         """Where the workload goes in the view when nothing special applies (no quota, no pool maximum,
         it fits)."""
+        attempt = self._plain_attempt(stored)
+        if attempt is None or isinstance(attempt.outcome, Rejection):
+            return None
+        return attempt.outcome, stored.submission.request
+
+    def _plain_attempt(self, stored: StoredWorkload) -> _PlainAttempt | None:
+        """The workload placed in the view as submitted (`_place`), when nothing special applies: no
+        namespace quota, no pool maximum, a valid request; None otherwise (it needs the full path)."""
         submission = stored.submission
-        workload = submission.workload
-        if workload.namespace in self.quotas or self.keeper.capped(submission.request.pool):
+        if submission.workload.namespace in self.quotas or self.keeper.capped(submission.request.pool):
             return None
         try:
-            wanted = placement_request(
-                f"{workload.namespace}/{workload.name}",
-                submission.request,
-                tolerations=submission.tolerations,
-                node_selector=submission.node_selector,
-            )
+            wanted = placement_request_of(submission, submission.request)
         except PlacementRequestError:
             return None
-        outcome = self._place(stored, wanted, self.policies.profile(submission.request.pool))
-        return None if isinstance(outcome, Rejection) else (outcome, submission.request)
+        profile = self.policies.profile(submission.request.pool)
+        return _PlainAttempt(wanted, profile, self._place(stored, wanted, profile))
 
     async def _try_place(
         self, stored: StoredWorkload, *, cause: UUID | None, announce: bool = True
@@ -749,12 +730,7 @@ class Placer:
         if refusal is not None:
             return await self._refuse(stored, refusal.reason, cause)
         try:
-            wanted = placement_request(
-                f"{namespace}/{workload.name}",
-                request,
-                tolerations=submission.tolerations,
-                node_selector=submission.node_selector,
-            )
+            wanted = placement_request_of(submission, request)
         except PlacementRequestError as error:
             return await self._refuse(stored, str(error), cause)
         profile = self.policies.profile(request.pool)
@@ -988,6 +964,15 @@ class _Tentative:
     cause: UUID | None
     outcome: Placement
     request: GpuRequest
+
+
+@dataclass(frozen=True)
+class _PlainAttempt:
+    """A workload placed in the view as submitted: what was asked, under which profile, and the outcome."""
+
+    wanted: PlacementRequest
+    profile: Profile
+    outcome: Placement | Rejection
 
 
 class _GangRefusedError(Exception):

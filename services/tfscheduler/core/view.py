@@ -16,7 +16,7 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from uuid import UUID, uuid5
 
-from tfcommon.events import WorkloadRef
+from tfcommon.events import GpuRequest, WorkloadRef
 from tfcommon.node_readiness import HeartbeatSeen, is_node_ready, readiness_timeout
 from tfcommon.placement import Node, Placement, PlacementRequest
 from tfcommon.placement.from_ledger import (
@@ -27,6 +27,8 @@ from tfcommon.placement.from_ledger import (
     placement_request,
     placement_view,
 )
+
+from tfscheduler.submission import Submission
 
 __all__ = [
     "ALLOCATION_NAMESPACE",
@@ -39,6 +41,7 @@ __all__ = [
     "node_block_reason",
     "placement_of",
     "placement_request",
+    "placement_request_of",
     "reason_holds_until",
     "with_gpus_full",
 ]
@@ -126,6 +129,19 @@ def build_snapshot(
             )
             or (membership(node.name, node.pool) if membership is not None else None)
         ),
+    )
+
+
+def placement_request_of(submission: Submission, request: GpuRequest) -> PlacementRequest:
+    """What the placement core is asked for a submission: `request` (its GPU request, with a namespace
+    quota's defaults where one applies) for `namespace/name`, with the submission's tolerations and node
+    selector. Raises `PlacementRequestError` when the request is invalid."""
+    workload = submission.workload
+    return placement_request(
+        f"{workload.namespace}/{workload.name}",
+        request,
+        tolerations=submission.tolerations,
+        node_selector=submission.node_selector,
     )
 
 
