@@ -4,7 +4,9 @@
 services as `tfctl serve` children with simulated GPUs), drives submissions of every QoS (the
 `critical` ones preempt) and releases through the webhook and the scheduler's HTTP API while it
 SIGKILLs each service (and restarts it), restarts NATS, restarts
-Postgres (immediate shutdown, a crash for the database) and SIGSTOPs each service past its timeouts. Every
+Postgres (immediate shutdown, a crash for the database), SIGSTOPs each service past its timeouts and (as
+root, `tfctl.fault_network`) partitions the last node agent from everything, slows its link, and cuts
+the scheduler from NATS alone and from Postgres alone (`fault_plan` lists every fault). Every
 call is recorded as ok / fail / unknown. After the faults stop it checks the invariants of
 `tfctl.fault_checks` and returns a report whose `violations` must be empty. A service that exits on its
 own during an outage is restarted, as a container runtime would, and counted in `self_exits`.
@@ -186,6 +188,8 @@ class FaultStack:
     children: dict[str, ManagedChild] = field(default_factory=dict)
     cell: NetworkCell | None = None
     """Where the last node agent runs, cut off by the partition faults (None: not possible here)."""
+    scheduler_cell: NetworkCell | None = None
+    """Where the scheduler runs, cut from NATS alone and from Postgres alone (None: not possible here)."""
 
     @property
     def scheduler_url(self) -> str:
@@ -221,11 +225,14 @@ class FaultStack:
             self.children[child.name] = ManagedChild(child, environment | child.environment)
         if self.cell is not None:
             await self._move_into_cell(self.cell, self.agents()[-1], environment)
+        if self.scheduler_cell is not None:
+            await self._move_into_cell(self.scheduler_cell, self.children["scheduler"].child, environment)
         await asyncio.gather(*(self.spawn(name) for name in self.children))
         await self.wait_ready(SETTLE_TIMEOUT_S)
 
     async def _move_into_cell(self, cell: NetworkCell, child: Child, environment: dict[str, str]) -> None:
-        """Run `child` inside `cell`, reaching NATS and Postgres through its veth pair."""
+        """Run `child` inside `cell`, reaching NATS and Postgres through its veth pair; a child given
+        its URL (the defrag planner is given the scheduler's) gets its address in the cell instead."""
         await cell.forward(self.nats.port)
         await cell.forward(self.postgres.port)
         loopback = f"{self.nats.host}:"
@@ -238,7 +245,11 @@ class FaultStack:
             }
         )
         child.argv = cell.wrap(child.argv)
-        child.url = child.url.replace(f"//{self.nats.host}:", f"//{cell.cell_ip}:")
+        moved_from, child.url = child.url, child.url.replace(f"//{self.nats.host}:", f"//{cell.cell_ip}:")
+        for managed in self.children.values():
+            for key, value in managed.environment.items():
+                if value == moved_from:
+                    managed.environment[key] = child.url
 
     def _write_json(self, name: str, *documents: Any) -> Path:
         """YAML documents (JSON is YAML) in the stack's folder."""
@@ -340,8 +351,9 @@ class FaultStack:
                     await managed.process.wait()
         await asyncio.to_thread(self.nats.stop)
         await asyncio.to_thread(self.postgres.stop)
-        if self.cell is not None:
-            await self.cell.close()
+        for cell in (self.cell, self.scheduler_cell):
+            if cell is not None:
+                await cell.close()
 
 
 def _signal_group(process_group: int, signal_number: signal.Signals) -> None:
@@ -557,6 +569,9 @@ class Chaos:
     stalled_replayed: int = 0
     """Dead letters of the consumer stalled past `max_deliver`, and those replayed (`fault_deadletters`)."""
     defrag_requests: int = 0
+    partition_drops: dict[str, int] = field(default_factory=dict)
+    """Packets the kernel dropped in each per-port partition (`partition scheduler from nats 5s`...),
+    summed over its runs: 0 would mean the cut hit no traffic."""
     evictions: dict[str, int] = field(default_factory=dict)
     """`tf.evt.pod.evicted` in the stream at the end, by what evicted (defrag, preemption)."""
     not_run: dict[str, str] = field(default_factory=dict)
@@ -727,9 +742,10 @@ def fault_plan(stack: FaultStack, chaos: Chaos, consumer: StalledConsumer | None
     """Every fault once, in this order: SIGKILL each service, restart NATS, restart Postgres, pause
     each service (SIGSTOP), `pg_terminate_backend`, a republish after the duplicate window, a poison
     message, (with `consumer`) a consumer stalled past `max_deliver`, then reconciled, (when the store
-    could be mounted) a full JetStream disk, (when the last node agent
-    runs in its own network namespace) a partition and a slow link between it and everything, then
-    two pairs at once:
+    could be mounted) a full JetStream disk, (when the last node agent runs in its own network
+    namespace) a partition and a slow link between it and everything, (when the scheduler runs in one
+    and `tc` can cut one port) a partition between the scheduler and NATS alone, then between it and
+    Postgres alone, then two pairs at once:
     SIGKILL the scheduler while backends are terminated, restart NATS while the planner is killed."""
 
     def kill(name: str) -> Fault:
@@ -748,6 +764,15 @@ def fault_plan(stack: FaultStack, chaos: Chaos, consumer: StalledConsumer | None
                 stack.pause(name, False)
 
         return Fault(f"sigstop {name} {PAUSE_S:.0f}s", inject)
+
+    def partition_from(cell: NetworkCell, service: str, server: str, port: int) -> Fault:
+        name = f"partition {service} from {server} {PAUSE_S:.0f}s"
+
+        async def inject(_: FaultStack) -> None:
+            dropped = await cell.partition_from(port, PAUSE_S)
+            chaos.partition_drops[name] = chaos.partition_drops.get(name, 0) + dropped
+
+        return Fault(name, inject)
 
     def with_chaos(name: str, action: Callable[[FaultStack, Chaos], Any]) -> Fault:
         async def inject(stack: FaultStack) -> None:
@@ -774,6 +799,10 @@ def fault_plan(stack: FaultStack, chaos: Chaos, consumer: StalledConsumer | None
         cut_off = stack.agents()[-1].name
         plan.append(Fault(f"partition {cut_off} {PAUSE_S:.0f}s", lambda _: cell.partition(PAUSE_S)))
         plan.append(Fault(f"slow-link {cut_off} {PAUSE_S:.0f}s", lambda _: cell.slow_link(PAUSE_S)))
+    scheduler_cell = stack.scheduler_cell
+    if scheduler_cell is not None:
+        plan.append(partition_from(scheduler_cell, "scheduler", "nats", stack.nats.port))
+        plan.append(partition_from(scheduler_cell, "scheduler", "postgres", stack.postgres.port))
     plan.append(overlapping(kill("scheduler"), with_chaos("pg_terminate_backend", terminate_backends)))
     plan.append(overlapping(Fault("restart nats", FaultStack.restart_nats), kill("defrag-planner")))
     return plan
@@ -833,14 +862,23 @@ async def _campaign(duration_s: float, seed: int, state_dir: Path) -> CampaignRe
     reason = await asyncio.to_thread(mount_jetstream_store, state_dir / "nats")
     if reason is not None:
         chaos.not_run["disk full"] = reason
-    cell = await asyncio.to_thread(NetworkCell.create)
+    cell = await asyncio.to_thread(NetworkCell.create, 0)
     if isinstance(cell, str):
         chaos.not_run["partition"] = chaos.not_run["slow-link"] = cell
+    scheduler_cell = await asyncio.to_thread(NetworkCell.create, 1)
+    if not isinstance(scheduler_cell, str):
+        refused = await asyncio.to_thread(scheduler_cell.link_cut_refused)
+        if refused is not None:
+            await scheduler_cell.close()
+            scheduler_cell = refused
+    if isinstance(scheduler_cell, str):
+        chaos.not_run["partition from nats"] = chaos.not_run["partition from postgres"] = scheduler_cell
     stack = FaultStack(
         state_dir=state_dir,
         nats=EmbeddedNats(store_dir=state_dir / "nats", die_with_parent=True),
         postgres=EmbeddedPostgres(data_dir=state_dir / "postgres", die_with_parent=True),
         cell=None if isinstance(cell, str) else cell,
+        scheduler_cell=None if isinstance(scheduler_cell, str) else scheduler_cell,
     )
     try:
         await stack.start()

@@ -147,11 +147,14 @@ class _Interval:
 
 def fault_kind(fault: str) -> str:
     """The kind of an injected fault's name: `sigkill scheduler` -> `sigkill`, `restart nats` ->
-    `restart nats` (the target of a kill or pause is not part of its kind); `a + b` -> `overlapping`
-    (its parts count as their own kinds too)."""
+    `restart nats`, `partition scheduler from postgres 5s` -> `partition from postgres` (the target of
+    a kill, pause or partition is not part of its kind); `a + b` -> `overlapping` (its parts count as
+    their own kinds too)."""
     if " + " in fault:
         return "overlapping"
     words = fault.split()
+    if len(words) >= 4 and words[0] == "partition" and words[2] == "from":
+        return f"partition from {words[3]}"
     if words and words[0] in ("sigkill", "sigstop", "partition", "slow-link"):
         return words[0]
     return " ".join(word for word in words if not word[0].isdigit())

@@ -4,9 +4,10 @@ One campaign (about two minutes on two cores) runs under load through the webhoo
 with defrag campaigns and preemptions, while every service is SIGKILLed and restarted, NATS and
 Postgres restart, every service is paused past its timeouts, backends are terminated, events are
 republished after the duplicate window, a poison message is sent, a consumer stalls past
-`max_deliver` (dead-lettered, then replayed) and (as root) the JetStream disk fills and a node agent
-is partitioned and slowed; each test then asserts one invariant of its report
-or one of the history checker's figures. `make bench` runs a longer one.
+`max_deliver` (dead-lettered, then replayed) and (as root) the JetStream disk fills, a node agent
+is partitioned and slowed, and the scheduler is cut from NATS alone, then from Postgres alone (the
+kernel drops that port's packets: `tests/faults/test_faults_network.py`); each test then asserts one
+invariant of its report or one of the history checker's figures. `make bench` runs a longer one.
 """
 
 from __future__ import annotations
@@ -121,4 +122,9 @@ def test_the_campaign_injected_every_kind_of_fault_real_on_this_machine(report: 
     assert report["chaos"]["defrag_requests"] >= 1
     assert report["operations"].get("submit-ok", 0) > 0
     if os.geteuid() == 0:
-        assert {"disk full", "partition", "slow-link"} <= kinds, report["chaos"]["not_run"]
+        expected = {"disk full", "partition", "slow-link", "partition from nats", "partition from postgres"}
+        assert expected <= kinds, report["chaos"]["not_run"]
+        drops = report["chaos"]["partition_drops"]
+        cut_from = {name.rsplit(" ", 1)[0] for name in drops}
+        assert cut_from == {"partition scheduler from nats", "partition scheduler from postgres"}, drops
+        assert min(drops.values()) > 0, drops

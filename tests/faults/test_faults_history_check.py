@@ -295,10 +295,13 @@ def test_views_that_miss_or_keep_allocations_count_as_lost_and_phantom() -> None
     assert (figures.lost, figures.phantom) == (1, 1)
 
 
-def test_fault_kinds_drop_the_target_of_a_kill_or_a_pause() -> None:
+def test_fault_kinds_drop_the_target_of_a_kill_a_pause_or_a_partition() -> None:
     assert fault_kind("sigkill node-agent-sim-node-1") == "sigkill"
     assert fault_kind("sigstop scheduler 5s") == "sigstop"
     assert fault_kind("republish after duplicate window") == "republish after duplicate window"
+    assert fault_kind("partition node-agent-sim-node-2 5s") == "partition"
+    assert fault_kind("partition scheduler from nats 5s") == "partition from nats"
+    assert fault_kind("partition scheduler from postgres 5s") == "partition from postgres"
 
 
 def test_a_pending_submission_its_client_released_is_not_lost() -> None:
