@@ -429,7 +429,7 @@ class Scheduler:
 
     async def status(self, allocation_id: UUID) -> WorkloadStatus | None:
         stored = await self.store.get(allocation_id)
-        return None if stored is None else await self.placer.status_of(allocation_id)
+        return None if stored is None else await self.placer.verdicts.status_of(allocation_id)
 
     def simulate(self, submission: Submission) -> dict[str, object]:
         """Where the workload would go now and why every other node does not fit; changes nothing."""

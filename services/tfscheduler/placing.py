@@ -1,12 +1,14 @@
 """The scheduler's placing room: decides where submitted workloads go and reserves them in the ledger.
 
 `Placer` places batches (one after another against the view, reserved in one ledger transaction, a
-refused one placed again on its own), gangs (reserved whole or not at all), replacements into the
-defrag holds kept for them, and workloads within their namespace's quota and their pool's maximum; a
-workload that fits nowhere preempts lower-priority ones (removed and recorded by the engine: `Evict`)
-or waits, pending with its reason, announced through the outbox. It reads and changes the view
-through the view room (`tfscheduler.view_keeper`), always with its lock held; decisions come from
-`tfcommon.placement` and `tfscheduler.core`.
+refused one placed again on its own), replacements into the defrag holds kept for them, and
+workloads within their namespace's quota and their pool's maximum; a workload that fits nowhere
+preempts lower-priority ones (removed and recorded by the engine: `Evict`) or waits, pending with its
+reason, announced through the outbox. Gang members go to the gang room (`tfscheduler.gang_placing`,
+each gang reserved whole or not at all); verdicts other than a placement are recorded by
+`tfscheduler.verdicts`. It reads and changes the view through the view room
+(`tfscheduler.view_keeper`), always with its lock held; decisions come from `tfcommon.placement` and
+`tfscheduler.core`.
 """
 
 from __future__ import annotations
@@ -14,12 +16,12 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime
-from uuid import UUID, uuid4
+from uuid import UUID
 
 from sqlalchemy.exc import IntegrityError
-from tfcommon.events import GpuRequest, WorkloadRef, WorkloadUnschedulable
+from tfcommon.events import GpuRequest, WorkloadRef
 from tfcommon.ledger.records import (
     AllocationRecord,
     HoldRecord,
@@ -30,9 +32,8 @@ from tfcommon.ledger.records import (
     ReservationRequest,
     ReservationResult,
     Reserved,
-    ShareRequest,
 )
-from tfcommon.ledger.sql import BatchAbandonedError, LedgerTransaction, SqlLedger
+from tfcommon.ledger.sql import BatchAbandonedError, SqlLedger
 from tfcommon.placement import (
     Placement,
     PlacementRequest,
@@ -41,10 +42,8 @@ from tfcommon.placement import (
     Rejection,
     place,
 )
-from tfcommon.placement.gang import place_gang
 
-from tfscheduler.core.gang import GangCount, gang_reason, timed_out
-from tfscheduler.core.lifecycle import Transition, target
+from tfscheduler.core.lifecycle import Transition
 from tfscheduler.core.preemption import Candidate, NoPreemption, Priority, plan_preemption
 from tfscheduler.core.quota import (
     NamespaceQuota,
@@ -56,7 +55,7 @@ from tfscheduler.core.quota import (
     usage_of_shares,
     with_defaults,
 )
-from tfscheduler.core.reports import unschedulable_event, unschedulable_summary
+from tfscheduler.core.reports import unschedulable_summary
 from tfscheduler.core.view import (
     allocation_id_for,
     into_hold,
@@ -65,9 +64,11 @@ from tfscheduler.core.view import (
     with_gpus_full,
 )
 from tfscheduler.eviction import Evictor
+from tfscheduler.gang_placing import GangPlacer, split_gangs
 from tfscheduler.intake import Queued
 from tfscheduler.policies import LearnedPolicies
 from tfscheduler.submission import Submission, WorkloadStatus
+from tfscheduler.verdicts import Entry, Verdicts, Waiting, placed_status, reservation_for, stored_status
 from tfscheduler.view_keeper import ViewKeeper, active_of
 from tfscheduler.workloads import StoredWorkload, WorkloadStore, mark_placed
 
@@ -84,8 +85,9 @@ Evict = Callable[[Candidate, WorkloadRef], Awaitable[None]]
 
 class Placer:
     """Places workloads for one scheduler. Its coroutines are called with the view room's lock held,
-    except `place_submitted` and `retry_pending`, which take it, and `status_of`, which reads only the
-    workload store and the ledger."""
+    except `place_submitted` and `retry_pending`, which take it. `verdicts` records the workloads kept
+    pending or refused, and reads a workload's status (`Verdicts.status_of`: the workload store and the
+    ledger only); `gangs` places gang members, with the quotas and policies this placer holds now."""
 
     def __init__(
         self,
@@ -107,6 +109,16 @@ class Placer:
         self.quotas = quotas
         self.clock = clock
         self._evict = evict
+        self.verdicts = Verdicts(ledger, store, clock)
+        self.gangs = GangPlacer(
+            keeper,
+            ledger,
+            store,
+            self.verdicts,
+            quotas=lambda: self.quotas,
+            profile=lambda pool: self.policies.profile(pool),
+            clock=clock,
+        )
         self.replaced_gpus: dict[UUID, tuple[str, frozenset[str]]] = {}
         """A replacement's allocation id -> the node and GPUs of the workload it replaces
         (`Scheduler.evict`)."""
@@ -141,7 +153,7 @@ class Placer:
         )
         for workload in settled:
             record = records.get(workload.allocation_id)
-            statuses[workload.allocation_id] = _placed_status(record) if record else _status(workload)
+            statuses[workload.allocation_id] = placed_status(record) if record else stored_status(workload)
         for item in batch:
             if not item.future.done():
                 item.future.set_result(statuses[allocation_id_for(item.submission.workload)])
@@ -152,7 +164,7 @@ class Placer:
         submitted: list[tuple[UUID, Submission]],
         owners: Mapping[UUID, str],
         now: datetime,
-    ) -> tuple[list[tuple[StoredWorkload, UUID | None]], dict[UUID, WorkloadStatus]] | None:
+    ) -> tuple[list[Entry], dict[UUID, WorkloadStatus]] | None:
         """Record the batch's submissions, read the holds and reserve every workload that fits at once,
         all in one ledger transaction (one commit); then place the rest one by one. Returns the batch's
         entries and the statuses decided, or None, with nothing written, when the ledger abandoned the
@@ -167,7 +179,7 @@ class Placer:
                 }
                 entries, fresh = _first_entries(batch, stored)
                 self.policies.learn([workload for workload, _cause in fresh])
-                fresh, gang_members = _split_gangs(fresh)
+                fresh, gang_members = split_gangs(fresh)
                 held_ids = {
                     workload.allocation_id
                     for workload, _cause in fresh
@@ -201,7 +213,7 @@ class Placer:
         if held:
             statuses.update(await self._place_batch(held, announce=True, owners=owners, holds_read=True))
         statuses.update(await self._place_alone(alone, announce=True, owners=owners))
-        statuses.update(await self._place_gangs(gang_members, announce=True))
+        statuses.update(await self.gangs.place_gangs(gang_members, announce=True))
         return entries, statuses
 
     async def retry_pending(self) -> int:
@@ -210,16 +222,12 @@ class Placer:
         placed = 0
         for start in range(0, len(pending), MAX_BATCH):
             async with self.keeper.lock:
-                entries: list[tuple[StoredWorkload, UUID | None]] = [
-                    (stored, None) for stored in pending[start : start + MAX_BATCH]
-                ]
+                entries: list[Entry] = [(stored, None) for stored in pending[start : start + MAX_BATCH]]
                 statuses = await self._place_batch(await self._still_pending(entries), announce=False)
             placed += sum(status.state == "placed" for status in statuses.values())
         return placed
 
-    async def _still_pending(
-        self, entries: list[tuple[StoredWorkload, UUID | None]]
-    ) -> list[tuple[StoredWorkload, UUID | None]]:
+    async def _still_pending(self, entries: list[Entry]) -> list[Entry]:
         """The entries not ended (or placed) since they were read: a workload deleted between reading
         the queue and taking the lock must not be given an allocation nobody will release. Lock held."""
         current = await self.store.by_ids([stored.allocation_id for stored, _cause in entries])
@@ -231,7 +239,7 @@ class Placer:
 
     async def _place_batch(
         self,
-        entries: list[tuple[StoredWorkload, UUID | None]],
+        entries: list[Entry],
         *,
         announce: bool,
         refreshed: bool = False,
@@ -244,7 +252,7 @@ class Placer:
         after these entries were submitted). Call with the lock held."""
         owners = owners or {}
         statuses: dict[UUID, WorkloadStatus] = {}
-        entries, gang_members = _split_gangs(entries)
+        entries, gang_members = split_gangs(entries)
         if entries and not holds_read:  # a hold reserved a moment ago must be seen before its replacement
             await self.keeper.refresh_holds()
         if self.keeper.holds:
@@ -263,208 +271,14 @@ class Placer:
                 raise
             alone = await self._settle(tentative, results, alone, owners, statuses)
         statuses.update(await self._place_alone(alone, announce=announce, refreshed=refreshed, owners=owners))
-        statuses.update(await self._place_gangs(gang_members, announce=announce))
+        statuses.update(await self.gangs.place_gangs(gang_members, announce=announce))
         return statuses
 
-    async def _place_gangs(
-        self, members: list[tuple[StoredWorkload, UUID | None]], *, announce: bool
-    ) -> dict[UUID, WorkloadStatus]:
-        """Place the gangs of `members` (each gang whole: its other pending members too). Lock held."""
-        statuses: dict[UUID, WorkloadStatus] = {}
-        keys = dict.fromkeys(
-            stored.submission.gang.group_key for stored, _c in members if stored.submission.gang
-        )
-        asked = {stored.allocation_id for stored, _c in members}
-        for key in keys:
-            statuses.update(await self._place_gang(key, announce=announce, asked=asked))
-        return statuses
-
-    async def _place_gang(self, key: str, *, announce: bool, asked: set[UUID]) -> dict[UUID, WorkloadStatus]:
-        """Reserve the pending members of gang `key` together, in one ledger transaction, once at least
-        min-members of the gang (counting those placed) fit and, in a namespace with a quota, the
-        members reserved together fit its totals; otherwise reserve none and keep them pending with the
-        gang's numbers or the quota's (announced, when `announce`, for the `asked` members; for the
-        others only when their reason changed). A member over the quota's `single` limits is refused
-        for good, as a plain workload is. Lock held."""
-        statuses: dict[UUID, WorkloadStatus] = {}
-        members: list[StoredWorkload] = []
-        requests: dict[UUID, GpuRequest] = {}
-        for member in await self.store.gang_members(key):
-            quota = self.quotas.get(member.submission.workload.namespace)
-            request = with_defaults(quota, member.submission.request)
-            refusal = check_single(quota, request) if member.state == "pending" else None
-            if refusal is not None:
-                statuses[member.allocation_id] = await self._refuse(member, refusal.reason, None)
-                continue
-            members.append(member)
-            requests[member.allocation_id] = request
-        pending = [member for member in members if member.state == "pending"]
-        if not pending:
-            return statuses
-        gang = pending[0].submission.gang
-        assert gang is not None
-        placed = len(members) - len(pending)
-        expired = timed_out(gang, [member.submitted_at for member in pending], self.clock())
-        if len(members) < gang.min_members:
-            count = GangCount(live=len(members), placed=placed, fit=None)
-            reason = gang_reason(gang, count, expired=expired)
-            statuses.update(await self._gang_wait(pending, reason, announce, asked))
-            return statuses
-        wanted: list[tuple[StoredWorkload, PlacementRequest]] = []
-        for member in pending:
-            try:
-                wanted.append(
-                    (member, placement_request_of(member.submission, requests[member.allocation_id]))
-                )
-            except PlacementRequestError as error:
-                statuses[member.allocation_id] = await self._refuse(member, str(error), None)
-        needed = max(gang.min_members - placed, 0)
-        outcome = place_gang(
-            wanted, self.keeper.view, self.policies.profile(pending[0].submission.request.pool), needed=needed
-        )
-        if not outcome.enough:
-            count = GangCount(live=len(members), placed=placed, fit=outcome.fitted)
-            statuses.update(
-                await self._gang_wait(
-                    [member for member, _w in wanted],
-                    gang_reason(gang, count, expired=expired),
-                    announce,
-                    asked,
-                )
-            )
-            return statuses
-        over = self.keeper.over_pool_maximum(
-            pending[0].submission.request.pool, [placement for _member, placement in outcome.placements]
-        )
-        if over is not None:
-            reason = f"gang {key}: {over}"
-            statuses.update(await self._gang_wait([member for member, _w in wanted], reason, announce, asked))
-            return statuses
-        reserved = await self._reserve_gang(key, outcome.placements, requests) if outcome.placements else []
-        if not isinstance(reserved, list):
-            reason = (
-                reserved.reason
-                if isinstance(reserved, QuotaHeld)
-                else f"gang {key}: the ledger refused part of the gang, so none of it was reserved; retrying"
-            )
-            statuses.update(await self._gang_wait([member for member, _w in wanted], reason, announce, asked))
-            return statuses
-        for member, record in reserved:
-            self.keeper.active.put(record.allocation_id, active_of(record, member))
-            statuses[record.allocation_id] = _placed_status(record)
-        left = [member for member, _rejection in outcome.rejections]
-        if left:
-            reason = (
-                f"gang {key}: {placed + len(reserved)} members are placed (min {gang.min_members}); "
-                "this one does not fit now"
-            )
-            statuses.update(await self._gang_wait(left, reason, announce, asked))
-        if not reserved:
-            return statuses
-        log.info("gang placed", extra={"gang": key, "placed": len(reserved), "outcome": "placed"})
-        # The other members' callers (pods waiting in Kubernetes mode) look again.
-        self.keeper.capacity_freed.set()
-        return statuses
-
-    async def _reserve_gang(
-        self,
-        key: str,
-        placements: Sequence[tuple[StoredWorkload, Placement]],
-        requests: Mapping[UUID, GpuRequest],
-    ) -> list[tuple[StoredWorkload, AllocationRecord]] | QuotaHeld | None:
-        """Reserve every placement of a gang in one ledger transaction, committed, and mark the members
-        placed in it; None, with nothing written and the view as before, when any one is refused.
-        In a namespace with a quota the transaction first locks the namespace (as
-        `SqlLedger.reserve_within_quota` does) and checks the quota's totals for all the placements
-        together: `QuotaHeld`, naming the quota and the numbers, with nothing written, when they exceed
-        it. `requests` are the members' requests with the quota's defaults."""
-        for _member, placement in placements:
-            self.keeper.view.apply(placement)
-        try:
-            async with self.ledger.transaction() as transaction:
-                over = await self._gang_over_quota(key, transaction, placements, requests)
-                if over is not None:
-                    raise _GangOverQuotaError(over)
-                results = await transaction.reserve_many(
-                    [
-                        _reservation(
-                            member.allocation_id, member.submission, requests[member.allocation_id], p, None
-                        )
-                        for member, p in placements
-                    ],
-                    commit=True,
-                    then=mark_placed([member.allocation_id for member, _p in placements], self.clock()),
-                )
-                if not all(isinstance(r, Reserved) and not r.replayed for r in results):
-                    raise _GangRefusedError(key)
-        except _GangOverQuotaError as error:
-            log.info(
-                "gang over its namespace quota; nothing reserved", extra={"gang": key, "error": str(error)}
-            )
-            for _member, placement in placements:
-                self.keeper.view.release(placement)
-            return QuotaHeld(str(error))
-        except (_GangRefusedError, BatchAbandonedError) as error:
-            log.info("gang reservation refused; nothing reserved", extra={"gang": key, "error": str(error)})
-            for _member, placement in placements:
-                self.keeper.view.release(placement)
-            for node in sorted({placement.node for _member, placement in placements}):
-                await self.keeper.rebuild_node(node)
-            return None
-        except BaseException:
-            for _member, placement in placements:
-                self.keeper.view.release(placement)
-            raise
-        return [
-            (member, result.allocation)
-            for (member, _p), result in zip(placements, results, strict=True)
-            if isinstance(result, Reserved)
-        ]
-
-    async def _gang_over_quota(
-        self,
-        key: str,
-        transaction: LedgerTransaction,
-        placements: Sequence[tuple[StoredWorkload, Placement]],
-        requests: Mapping[UUID, GpuRequest],
-    ) -> str | None:
-        """Why the gang's placements together exceed a namespace quota's totals (`check_total` on the
-        sum of their demands, maxWorkers counting each member), read under the namespaces' locks in
-        `transaction`; None when they fit or no namespace of theirs has a quota."""
-        demands: dict[str, Usage] = {}
-        for member, placement in placements:
-            namespace = member.submission.workload.namespace
-            if namespace in self.quotas:
-                demand = self._demand(placement, requests[member.allocation_id])
-                demands[namespace] = demands.get(namespace, Usage()) + demand
-        if not demands:
-            return None
-        used = usage_of_shares(await transaction.locked_namespace_shares(sorted(demands)))
-        for namespace, demand in sorted(demands.items()):
-            over = check_total(self.quotas[namespace], used.get(namespace, Usage()), demand)
-            if over is not None:
-                return f"gang {key}: {over.reason}"
-        return None
-
-    async def _gang_wait(
-        self, members: list[StoredWorkload], reason: str, announce: bool, asked: set[UUID]
-    ) -> dict[UUID, WorkloadStatus]:
-        """Keep gang members pending with `reason`: announced for the `asked` ones when `announce`, and for
-        every member whose reason changed (a gang's retry does not announce each member again)."""
-        waiting: list[tuple[StoredWorkload, UUID | None, str, Rejection | None]] = [
-            (member, None, reason, None) for member in members
-        ]
-        statuses = await self._wait_many([w for w in waiting if w[0].allocation_id in asked], announce)
-        statuses.update(await self._wait_many([w for w in waiting if w[0].allocation_id not in asked], False))
-        return statuses
-
-    def _tentatives(
-        self, entries: list[tuple[StoredWorkload, UUID | None]]
-    ) -> tuple[list[_Tentative], list[tuple[StoredWorkload, UUID | None]]]:
+    def _tentatives(self, entries: list[Entry]) -> tuple[list[_Tentative], list[Entry]]:
         """Place each entry in order against the view (applied there, not yet in the ledger) when it
         fits without preemption or a refresh; the others, in order, need the full path."""
         tentative: list[_Tentative] = []
-        alone: list[tuple[StoredWorkload, UUID | None]] = []
+        alone: list[Entry] = []
         # Once a workload needs the full path (it may preempt), no lower-priority one jumps ahead of it.
         waiting_priority: Priority | None = None
         for stored, cause in entries:
@@ -485,17 +299,17 @@ class Placer:
         self,
         tentative: list[_Tentative],
         results: list[ReservationResult],
-        alone: list[tuple[StoredWorkload, UUID | None]],
+        alone: list[Entry],
         owners: Mapping[UUID, str],
         statuses: dict[UUID, WorkloadStatus],
-    ) -> list[tuple[StoredWorkload, UUID | None]]:
+    ) -> list[Entry]:
         """Take the committed reservations of `tentative` into the state and `statuses`; returns
         `alone` with the workloads the ledger refused added (they go the full path)."""
         refused: list[tuple[_Tentative, ReservationResult]] = []
         for t, result in zip(tentative, results, strict=True):
             if isinstance(result, Reserved) and not result.replayed:
                 self.keeper.active.put(t.stored.allocation_id, active_of(result.allocation, t.stored))
-                statuses[t.stored.allocation_id] = _placed_status(result.allocation)
+                statuses[t.stored.allocation_id] = placed_status(result.allocation)
             else:
                 refused.append((t, result))
         if not refused:
@@ -513,7 +327,7 @@ class Placer:
             if record.state == "reserved":
                 await self.ledger.commit(record.allocation_id)
             self.keeper.active.put(record.allocation_id, active_of(record, t.stored))
-            statuses[record.allocation_id] = _placed_status(record)
+            statuses[record.allocation_id] = placed_status(record)
         for t, record in replayed:
             if record.state == "released":
                 statuses[record.allocation_id] = await self._placed(
@@ -531,7 +345,7 @@ class Placer:
 
     async def _place_alone(
         self,
-        alone: list[tuple[StoredWorkload, UUID | None]],
+        alone: list[Entry],
         *,
         announce: bool,
         refreshed: bool = False,
@@ -549,14 +363,14 @@ class Placer:
             return await self._place_batch(
                 alone, announce=announce, refreshed=True, owners=owners, holds_read=True
             )
-        waiting: list[tuple[StoredWorkload, UUID | None, str, Rejection | None]] = []
+        waiting: list[Waiting] = []
         for stored, cause in alone:
             verdict = self._unplaceable(stored)
             if verdict is None:
                 statuses[stored.allocation_id] = await self._try_place(stored, cause=cause, announce=announce)
             else:
                 waiting.append((stored, cause, *verdict))
-        statuses.update(await self._wait_many(waiting, announce))
+        statuses.update(await self.verdicts.wait_many(waiting, announce))
         return statuses
 
     def _hold_for(self, submission: Submission, owner_uid: str | None) -> HoldRecord | None:
@@ -580,10 +394,10 @@ class Placer:
 
     async def _claim_holds(
         self,
-        entries: list[tuple[StoredWorkload, UUID | None]],
+        entries: list[Entry],
         owners: Mapping[UUID, str],
         statuses: dict[UUID, WorkloadStatus],
-    ) -> list[tuple[StoredWorkload, UUID | None]]:
+    ) -> list[Entry]:
         """Place each entry a hold is kept for into its hold; returns the entries left to place."""
         remaining = []
         for stored, cause in entries:
@@ -624,7 +438,7 @@ class Placer:
             if check_total(quota, used, demand_of(outcome, request)) is not None:
                 return None
         result = await self.ledger.claim_hold(
-            hold_id, _reservation(stored.allocation_id, submission, request, outcome, cause)
+            hold_id, reservation_for(stored.allocation_id, submission, request, outcome, cause)
         )
         if not isinstance(result, Reserved) or result.replayed:
             return None
@@ -642,7 +456,7 @@ class Placer:
         )
         if outcome.tflops_milli != held.tflops_milli or outcome.vram_bytes != held.vram_bytes:
             self.keeper.capacity_freed.set()
-        return _placed_status(result.allocation)
+        return placed_status(result.allocation)
 
     def _unplaceable(self, stored: StoredWorkload) -> tuple[str, Rejection] | None:
         """The unschedulable summary when the workload fits nowhere in the view and preempts nobody;
@@ -664,38 +478,6 @@ class Placer:
             return None
         summary = unschedulable_summary(attempt.outcome, self.keeper.blocked, preemption_reason=plan.reason)
         return summary, attempt.outcome
-
-    async def _wait_many(
-        self, waiting: list[tuple[StoredWorkload, UUID | None, str, Rejection | None]], announce: bool
-    ) -> dict[UUID, WorkloadStatus]:
-        """`_wait` for many workloads with a few statements: keep them pending with their reasons."""
-        if not waiting:
-            return {}
-        statuses: dict[UUID, WorkloadStatus] = {}
-        existing = await self.ledger.get_allocations([stored.allocation_id for stored, *_rest in waiting])
-        reasons = {
-            stored.allocation_id: reason
-            for stored, _cause, reason, _rejection in waiting
-            if stored.allocation_id not in existing
-        }
-        async with self.ledger.transaction() as transaction:
-            kept = await self.store.keep_pending(reasons, self.clock(), connection=transaction.connection)
-            await transaction.announce(
-                *(
-                    self._unschedulable(stored, reason, rejection, cause)
-                    for stored, cause, reason, rejection in waiting
-                    if stored.allocation_id in kept and (announce or stored.reason != reason)
-                )
-            )
-        for stored, _cause, reason, _rejection in waiting:
-            if stored.allocation_id not in kept:
-                # Another scheduler placed (or ended) it meanwhile: report what the ledger holds.
-                statuses[stored.allocation_id] = await self.status_of(stored.allocation_id)
-                continue
-            statuses[stored.allocation_id] = _status(
-                replace(stored, state=target(Transition.WAIT), reason=reason)
-            )
-        return statuses
 
     def _quick_placement(self, stored: StoredWorkload) -> tuple[Placement, GpuRequest] | None:
         """Where the workload goes in the view when nothing special applies (no quota, no pool maximum,
@@ -728,11 +510,11 @@ class Placer:
         request = with_defaults(quota, submission.request)
         refusal = check_single(quota, request)
         if refusal is not None:
-            return await self._refuse(stored, refusal.reason, cause)
+            return await self.verdicts.refuse(stored, refusal.reason, cause)
         try:
             wanted = placement_request_of(submission, request)
         except PlacementRequestError as error:
-            return await self._refuse(stored, str(error), cause)
+            return await self.verdicts.refuse(stored, str(error), cause)
         profile = self.policies.profile(request.pool)
         priority = Priority.of(submission.priority, request.qos)
         refreshed = False
@@ -755,27 +537,27 @@ class Placer:
                     summary = unschedulable_summary(
                         outcome, self.keeper.blocked, preemption_reason=plan.reason
                     )
-                    return await self._wait(stored, summary, outcome, cause, announce)
+                    return await self.verdicts.wait(stored, summary, outcome, cause, announce)
                 for victim in plan.victims:
                     await self._evict(victim, workload)
                 continue
             over = self.keeper.over_pool_maximum(request.pool, [outcome])
             if over is not None:
-                return await self._wait(stored, over, None, cause, announce)
-            reservation = _reservation(stored.allocation_id, submission, request, outcome, cause)
+                return await self.verdicts.wait(stored, over, None, cause, announce)
+            reservation = reservation_for(stored.allocation_id, submission, request, outcome, cause)
             if quota is None:
                 result = await self._reserve(reservation)
             else:
                 checked = await self._reserve_within_quota(reservation, quota, outcome, request)
                 if isinstance(checked, QuotaHeld):
-                    return await self._wait(stored, checked.reason, None, cause, announce)
+                    return await self.verdicts.wait(stored, checked.reason, None, cause, announce)
                 result = checked
             if isinstance(result, Reserved):
                 return await self._placed(stored, result, outcome)
             if isinstance(result, InsufficientCapacity | ReservationRejected):
                 await self.keeper.rebuild_node(outcome.node)
                 continue
-        return await self._wait(
+        return await self.verdicts.wait(
             stored, "placement kept conflicting with other schedulers; will retry", None, cause, announce
         )
 
@@ -822,7 +604,7 @@ class Placer:
     ) -> ReservationResult | QuotaHeld:
         """Reserve only if the namespace's usage in the ledger, read under the namespace's lock in the
         reservation's own transaction, leaves room for it (`SqlLedger.reserve_within_quota`)."""
-        demand = self._demand(outcome, request)
+        demand = self.keeper.namespace_demand(outcome, request)
 
         def check(shares: Sequence[NamespaceShare]) -> str | None:
             used = usage_of_shares(shares).get(quota.namespace, Usage())
@@ -836,12 +618,6 @@ class Placer:
             if existing is None:
                 raise
             return Reserved(allocation=existing, replayed=True)
-
-    def _demand(self, outcome: Placement, request: GpuRequest) -> Usage:
-        """What `outcome` adds to its namespace's usage, compute percent sized by the view's GPUs."""
-        node = self.keeper.view.nodes.get(outcome.node)
-        capacity = {gpu.uuid: gpu.tflops_milli for gpu in node.gpus} if node is not None else {}
-        return demand_of(outcome, request, [capacity.get(uuid, 0) for uuid in outcome.gpu_uuids])
 
     def _candidates(self, below: Priority) -> list[Candidate]:
         """The allocations a workload of priority `below` may preempt: lower priority, not a defrag
@@ -877,7 +653,7 @@ class Placer:
         now = self.clock()
         if record.state == "released":
             await self.store.transition(stored.allocation_id, Transition.END, record.release_reason, now)
-            return await self.status_of(stored.allocation_id)
+            return await self.verdicts.status_of(stored.allocation_id)
         if result.replayed:
             await self.keeper.rebuild_node(record.node)
         else:
@@ -886,74 +662,7 @@ class Placer:
             await self.ledger.commit(record.allocation_id)
         self.keeper.active.put(record.allocation_id, active_of(record, stored))
         await self.store.transition(stored.allocation_id, Transition.PLACE, None, now)
-        return _placed_status(record)
-
-    async def _refuse(self, stored: StoredWorkload, reason: str, cause: UUID | None) -> WorkloadStatus:
-        async with self.ledger.transaction() as transaction:
-            moved = await self.store.transition(
-                stored.allocation_id,
-                Transition.REFUSE,
-                reason,
-                self.clock(),
-                connection=transaction.connection,
-            )
-            if moved:
-                await transaction.announce(self._unschedulable(stored, reason, None, cause))
-        if not moved:
-            return await self.status_of(stored.allocation_id)
-        return _status(replace(stored, state=target(Transition.REFUSE), reason=reason))
-
-    async def _wait(
-        self,
-        stored: StoredWorkload,
-        reason: str,
-        rejection: Rejection | None,
-        cause: UUID | None,
-        announce: bool,
-    ) -> WorkloadStatus:
-        existing = await self.ledger.get_allocation(stored.allocation_id)
-        if existing is not None:
-            # Another scheduler placed (or ended) this workload meanwhile; report what the ledger holds.
-            return await self.status_of(stored.allocation_id)
-        async with self.ledger.transaction() as transaction:
-            moved = await self.store.transition(
-                stored.allocation_id, Transition.WAIT, reason, self.clock(), connection=transaction.connection
-            )
-            if moved and (announce or stored.reason != reason):
-                await transaction.announce(self._unschedulable(stored, reason, rejection, cause))
-        if not moved:
-            return await self.status_of(stored.allocation_id)
-        return _status(replace(stored, state=target(Transition.WAIT), reason=reason))
-
-    def _unschedulable(
-        self, stored: StoredWorkload, reason: str, rejection: Rejection | None, cause: UUID | None
-    ) -> WorkloadUnschedulable:
-        """The verdict's `tf.evt.workload.unschedulable` (one event per attempt), for the outbox in the
-        transaction that records the verdict."""
-        return unschedulable_event(
-            stored.submission.workload,
-            stored.submission.request.pool,
-            reason,
-            rejection,
-            attempt=uuid4(),
-            now=self.clock(),
-            cause=cause,
-        )
-
-    async def status_of(self, allocation_id: UUID) -> WorkloadStatus:
-        stored = await self.store.get(allocation_id)
-        assert stored is not None
-        if stored.state == "placed":
-            record = await self.ledger.get_allocation(allocation_id)
-            if record is not None:
-                return WorkloadStatus(
-                    id=allocation_id,
-                    workload=record.workload,
-                    state=target(Transition.PLACE),
-                    node=record.node,
-                    gpu_uuids=tuple(share.gpu_uuid for share in record.shares),
-                )
-        return _status(stored)
+        return placed_status(record)
 
 
 @dataclass(frozen=True)
@@ -975,31 +684,13 @@ class _PlainAttempt:
     outcome: Placement | Rejection
 
 
-class _GangRefusedError(Exception):
-    """The ledger refused part of a gang's reservation: the transaction is rolled back whole."""
-
-
-class _GangOverQuotaError(Exception):
-    """A gang's placements together exceed a namespace quota: the transaction is rolled back whole."""
-
-
-def _split_gangs(
-    entries: list[tuple[StoredWorkload, UUID | None]],
-) -> tuple[list[tuple[StoredWorkload, UUID | None]], list[tuple[StoredWorkload, UUID | None]]]:
-    """The entries placed one by one, and the gang members (placed a gang at a time)."""
-    return (
-        [entry for entry in entries if entry[0].submission.gang is None],
-        [entry for entry in entries if entry[0].submission.gang is not None],
-    )
-
-
 def _first_entries(
     batch: list[Queued], stored: Mapping[UUID, StoredWorkload]
-) -> tuple[list[tuple[StoredWorkload, UUID | None]], list[tuple[StoredWorkload, UUID | None]]]:
+) -> tuple[list[Entry], list[Entry]]:
     """Each workload of the batch once (its first submission wins), with its stored row and cause;
     and those among them still pending, the ones to place."""
     first_of: set[UUID] = set()
-    entries: list[tuple[StoredWorkload, UUID | None]] = []
+    entries: list[Entry] = []
     for item in batch:
         allocation_id = allocation_id_for(item.submission.workload)
         if allocation_id not in first_of:
@@ -1010,58 +701,6 @@ def _first_entries(
 
 def _tentative_reservation(tentative: _Tentative) -> ReservationRequest:
     stored = tentative.stored
-    return _reservation(
+    return reservation_for(
         stored.allocation_id, stored.submission, tentative.request, tentative.outcome, tentative.cause
-    )
-
-
-def _placed_status(record: AllocationRecord) -> WorkloadStatus:
-    return WorkloadStatus(
-        id=record.allocation_id,
-        workload=record.workload,
-        state=target(Transition.PLACE),
-        node=record.node,
-        gpu_uuids=tuple(share.gpu_uuid for share in record.shares),
-    )
-
-
-def _status(stored: StoredWorkload) -> WorkloadStatus:
-    return WorkloadStatus(
-        id=stored.allocation_id, workload=stored.submission.workload, state=stored.state, reason=stored.reason
-    )
-
-
-def _reservation(
-    allocation_id: UUID,
-    submission: Submission,
-    gpu_request: GpuRequest,
-    outcome: Placement,
-    cause: UUID | None,
-) -> ReservationRequest:
-    return ReservationRequest(
-        allocation_id=allocation_id,
-        workload=submission.workload,
-        pool=submission.request.pool,
-        node=outcome.node,
-        shares=tuple(
-            ShareRequest(
-                gpu_uuid=gpu_uuid,
-                tflops_milli=tflops,
-                vram_bytes=vram,
-                limit_tflops_milli=max(gpu_request.tflops_limit_milli, tflops, limit_tflops),
-                limit_vram_bytes=max(gpu_request.vram_limit_bytes, vram, limit_vram),
-            )
-            for gpu_uuid, tflops, vram, limit_tflops, limit_vram in zip(
-                outcome.gpu_uuids,
-                outcome.tflops_milli,
-                outcome.vram_bytes,
-                outcome.limit_tflops_milli or outcome.tflops_milli,
-                outcome.limit_vram_bytes or outcome.vram_bytes,
-                strict=True,
-            )
-        ),
-        qos=submission.request.qos,
-        isolation=submission.request.isolation,
-        cause=cause,
-        eviction_protection_s=submission.eviction_protection_s or None,
     )

@@ -6,8 +6,8 @@ active and the defrag holds, each pool's bounds (maxResources, oversubscription,
 Kubernetes mode, the nodes' labels and memory as the API server has them. It rebuilds the whole view
 from one ledger snapshot off the engine lock (`full_refresh`), one node after the ledger changed it
 (`rebuild_node`), and re-checks every node's flags and heartbeat every second (`recheck_nodes`). It
-decides no placement: the placing room (`tfscheduler.placing`) applies and releases placements in the
-view and keeps `active` under the same `lock`.
+decides no placement: the placing rooms (`tfscheduler.placing`, `tfscheduler.gang_placing`) apply and
+release placements in the view and keep `active` under the same `lock`.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from uuid import UUID
 
+from tfcommon.events import GpuRequest
 from tfcommon.ledger.records import (
     AllocationRecord,
     HoldRecord,
@@ -39,6 +40,7 @@ from tfcommon.pool_capacity import (
 )
 
 from tfscheduler.core.preemption import Priority
+from tfscheduler.core.quota import Usage, demand_of
 from tfscheduler.core.view import DEFRAG_SOURCE, build_snapshot, node_block_reason, reason_holds_until
 from tfscheduler.workloads import StoredWorkload, WorkloadStore
 
@@ -252,6 +254,12 @@ class ViewKeeper:
             sum(sum(p.vram_bytes) for p in placements),
         )
         return over_maximum(pool, capacity, self._pool_used(pool), demand)
+
+    def namespace_demand(self, outcome: Placement, request: GpuRequest) -> Usage:
+        """What `outcome` adds to its namespace's usage, compute percent sized by the view's GPUs."""
+        node = self.view.nodes.get(outcome.node)
+        capacity = {gpu.uuid: gpu.tflops_milli for gpu in node.gpus} if node is not None else {}
+        return demand_of(outcome, request, [capacity.get(uuid, 0) for uuid in outcome.gpu_uuids])
 
     def capped(self, pool: str) -> bool:
         """Whether the pool sets a maxResources."""

@@ -2,7 +2,7 @@
 
 A gang (`Submission.gang`) is the live workloads with one group key. None of its members is reserved
 before `min_members` of them can be, counting those already placed; then every pending member that
-fits is reserved in one ledger transaction (`tfscheduler.placing`, `Placer._place_gang`). This module
+fits is reserved in one ledger transaction (`tfscheduler.gang_placing`, `GangPlacer`). This module
 words the verdicts, naming the gang and the numbers, and decides the timeout (`timeout_s` 0 waits
 indefinitely), and reads a pod's gang from TensorFusion's annotations (`gang_of`). No I/O.
 """
