@@ -4,8 +4,8 @@ Both implement the `EventBus` port and pass the same contract tests. Publishing 
 message is stored (JetStream PubAck); the event id is the `Nats-Msg-Id`, so a republish within the
 stream's duplicate window stores nothing new. Messages carry CloudEvents attributes and W3C trace
 context as headers. `publish_many` publishes a batch pipelined (every message sent, then the
-acknowledgements awaited together) and returns each one's outcome. This module does not consume; see
-`tfcommon.consumer`.
+acknowledgements awaited together) and returns each one's outcome; it also takes an `EncodedEvent`, an
+event a hot path encoded itself. This module does not consume; see `tfcommon.consumer`.
 """
 
 from __future__ import annotations
@@ -54,6 +54,18 @@ class UnroutableSubjectError(RuntimeError):
             f"no JetStream stream stores subject {subject!r}; subjects start with tf.evt. or tf.cmd. "
             "and the streams must be provisioned first (tfcommon.subjects.provision)"
         )
+
+
+@dataclass(frozen=True, slots=True)
+class EncodedEvent:
+    """An event already encoded: `payload` is the bytes `encode` gives for its message, built without
+    the model on a hot path (the webhook's `PodAdmitted`); `publish_many` sends it as that message."""
+
+    subject: str
+    payload: bytes
+    event_id: str
+    event_type: str
+    occurred_at: datetime
 
 
 class EventBus(Protocol):
@@ -205,7 +217,7 @@ class NatsEventBus:
         except NoStreamResponseError as error:
             raise UnroutableSubjectError(subject) from error
 
-    async def publish_many(self, events: Sequence[Message]) -> list[BaseException | None]:
+    async def publish_many(self, events: Sequence[Message | EncodedEvent]) -> list[BaseException | None]:
         """Publish `events` pipelined: each is handed to the connection (in order) before any
         acknowledgement is awaited, and the acknowledgements are awaited together under one
         `PUBLISH_TIMEOUT_S`, without a task or a timer per message. Returns each event's outcome, in
@@ -215,17 +227,17 @@ class NatsEventBus:
         pending: list[asyncio.Future[Any] | BaseException] = []
         try:
             for event in events:
-                event_id = str(event.event_id)
-                headers = _headers_for(
-                    self.service,
-                    event_id=event_id,
-                    event_type=event.event_type(),
-                    occurred_at=event.occurred_at,
-                    extra=None,
-                )
                 try:
+                    encoded = _encoded(event)
+                    headers = _headers_for(
+                        self.service,
+                        event_id=encoded.event_id,
+                        event_type=encoded.event_type,
+                        occurred_at=encoded.occurred_at,
+                        extra=None,
+                    )
                     pending.append(
-                        await self.js.publish_async(event.routing_subject(), encode(event), headers=headers)
+                        await self.js.publish_async(encoded.subject, encoded.payload, headers=headers)
                     )
                 except Exception as error:  # the connection refused it: the others still go
                     pending.append(error)
@@ -244,7 +256,15 @@ class NatsEventBus:
             await self.nc.drain()
 
 
-def _outcome(ack: asyncio.Future[Any] | BaseException, event: Message) -> BaseException | None:
+def _encoded(event: Message | EncodedEvent) -> EncodedEvent:
+    if isinstance(event, EncodedEvent):
+        return event
+    return EncodedEvent(
+        event.routing_subject(), encode(event), str(event.event_id), event.event_type(), event.occurred_at
+    )
+
+
+def _outcome(ack: asyncio.Future[Any] | BaseException, event: Message | EncodedEvent) -> BaseException | None:
     if isinstance(ack, BaseException):
         return ack
     if ack.cancelled():
@@ -253,7 +273,8 @@ def _outcome(ack: asyncio.Future[Any] | BaseException, event: Message) -> BaseEx
         )
     error = ack.exception()
     if isinstance(error, NoStreamResponseError):
-        return UnroutableSubjectError(event.routing_subject())
+        subject = event.subject if isinstance(event, EncodedEvent) else event.routing_subject()
+        return UnroutableSubjectError(subject)
     return error
 
 
@@ -306,12 +327,22 @@ class InMemoryEventBus:
         )
         self.stored.append(StoredMessage(subject, payload, all_headers))
 
-    async def publish_many(self, events: Sequence[Message]) -> list[BaseException | None]:
-        """`publish` each event in order; each one's outcome (None once stored, else the error)."""
+    async def publish_many(self, events: Sequence[Message | EncodedEvent]) -> list[BaseException | None]:
+        """`publish` each event in order (`publish_raw` an `EncodedEvent`); each one's outcome (None
+        once stored, else the error)."""
         outcomes: list[BaseException | None] = []
         for event in events:
             try:
-                await self.publish(event)
+                if isinstance(event, EncodedEvent):
+                    await self.publish_raw(
+                        event.subject,
+                        event.payload,
+                        event_id=event.event_id,
+                        event_type=event.event_type,
+                        occurred_at=event.occurred_at,
+                    )
+                else:
+                    await self.publish(event)
             except Exception as error:
                 outcomes.append(error)
             else:

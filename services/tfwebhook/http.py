@@ -31,7 +31,7 @@ import orjson
 from fastapi import APIRouter
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
-from tfcommon.bus import EventBus
+from tfcommon.bus import EncodedEvent, EventBus
 from tfcommon.config import ConfigProvider, TfConfig
 from tfcommon.events import Message, PodAdmitted
 from tfcommon.quota import NamespaceQuota
@@ -81,7 +81,7 @@ class Takeovers(Protocol):
 class PublishesMany(Protocol):
     """A bus that publishes a batch pipelined (`tfcommon.bus.NatsEventBus.publish_many`)."""
 
-    async def publish_many(self, events: Sequence[Message]) -> list[BaseException | None]: ...
+    async def publish_many(self, events: Sequence[Message | EncodedEvent]) -> list[BaseException | None]: ...
 
 
 NamespaceLabels = Callable[[str], Awaitable[Mapping[str, str] | None]]
@@ -448,10 +448,11 @@ class PodAdmittedOutbox:
 
     async def _publish_batch(self, taken: list[QueuedEvent], loop: asyncio.AbstractEventLoop) -> None:
         """Publish `taken` together; the failed ones go back to the queue."""
-        batch: list[tuple[QueuedEvent, PodAdmitted]] = []
+        batch: list[tuple[QueuedEvent, PodAdmitted | EncodedEvent]] = []
+        build = encoded_pod_admitted if isinstance(self.bus, PublishesMany) else _pod_admitted
         for event in taken:
             try:
-                batch.append((event, _pod_admitted(*event)))
+                batch.append((event, build(*event)))
             except Exception as error:  # a poison event: retrying cannot help, so it is dropped and logged
                 self.dropped += 1
                 log.error(
@@ -477,13 +478,13 @@ class PodAdmittedOutbox:
             self._backoff_s = self.retry_backoff_s
 
     async def _publish_all(
-        self, events: list[PodAdmitted], loop: asyncio.AbstractEventLoop
+        self, events: list[PodAdmitted | EncodedEvent], loop: asyncio.AbstractEventLoop
     ) -> Sequence[BaseException | None]:
-        """Each event's outcome: through the bus's `publish_many` where it has one, else a `publish`
-        each, all at once."""
+        """Each event's outcome: through the bus's `publish_many` where it has one (the events
+        encoded here), else a `publish` each, all at once."""
         if isinstance(self.bus, PublishesMany):
             return await self.bus.publish_many(events)
-        publishes = [loop.create_task(self.bus.publish(event)) for event in events]
+        publishes = [loop.create_task(_publish_one(self.bus, event)) for event in events]
         try:
             return await asyncio.gather(*publishes, return_exceptions=True)
         except asyncio.CancelledError:
@@ -505,6 +506,19 @@ class PodAdmittedOutbox:
         )
         self._paused_until = now + self._backoff_s
         self._backoff_s = min(self._backoff_s * 2, self.retry_backoff_max_s)
+
+
+async def _publish_one(bus: EventBus, event: PodAdmitted | EncodedEvent) -> None:
+    if isinstance(event, PodAdmitted):
+        await bus.publish(event)
+    else:
+        await bus.publish_raw(
+            event.subject,
+            event.payload,
+            event_id=event.event_id,
+            event_type=event.event_type,
+            occurred_at=event.occurred_at,
+        )
 
 
 def _has_namespace_selector(config: TfConfig) -> bool:
@@ -539,6 +553,35 @@ def _pod_admitted(uid: str, occurred_at: datetime, verdict: Admitted) -> PodAdmi
         migrated_resource=verdict.migrated_resource,
         patch_operations=len(verdict.patch),
     )
+
+
+_POD_ADMITTED_TYPE = PodAdmitted.event_type()
+
+
+def encoded_pod_admitted(uid: str, occurred_at: datetime, verdict: Admitted) -> EncodedEvent:
+    """The `PodAdmitted` of `_pod_admitted(uid, occurred_at, verdict)` encoded without building it:
+    the same bytes as `encode` gives for that model (its fields in order, the request without an
+    unset `compute_percent_limit`), from the verdict's workload and request, validated already."""
+    workload, request = verdict.workload, verdict.request
+    if workload is None or request is None:
+        raise ValueError("a PodAdmitted needs the verdict's workload and request")
+    requested = request.__dict__
+    if requested["compute_percent_limit"] is None:
+        requested = {name: value for name, value in requested.items() if name != "compute_percent_limit"}
+    identifier = str(event_id(uid))
+    payload = orjson.dumps(
+        {
+            "event_id": identifier,
+            "occurred_at": occurred_at,
+            "cause": None,
+            "workload": workload.__dict__,
+            "request": requested,
+            "migrated_resource": verdict.migrated_resource,
+            "patch_operations": len(verdict.patch),
+        },
+        option=orjson.OPT_UTC_Z,
+    )
+    return EncodedEvent(PodAdmitted.subject, payload, identifier, _POD_ADMITTED_TYPE, occurred_at)
 
 
 ADMISSION_METRICS_SERVICE = "webhook"

@@ -12,7 +12,14 @@ from uuid import uuid4
 
 import pytest
 from opentelemetry import trace
-from tfcommon.bus import EventBus, InMemoryEventBus, NatsEventBus, StoredMessage, UnroutableSubjectError
+from tfcommon.bus import (
+    EncodedEvent,
+    EventBus,
+    InMemoryEventBus,
+    NatsEventBus,
+    StoredMessage,
+    UnroutableSubjectError,
+)
 from tfcommon.events import DiscoverGpus, Message, NodeDrained, StopWorker, decode, encode
 from tfcommon.subjects import COMMANDS_STREAM, EVENTS_STREAM, STREAMS
 from tfcommon.telemetry import setup_telemetry
@@ -111,6 +118,27 @@ async def test_a_batch_is_stored_in_order_once_per_id_with_every_outcome_reporte
     assert [message.headers["Nats-Msg-Id"] for message in stored] == [str(event.event_id) for event in events]
     assert [decode(message.subject, message.payload) for message in stored] == events
     assert all(message.headers["ce-source"] == "/tfpool/bus-tests" for message in stored)
+
+
+async def test_an_event_encoded_by_its_producer_is_stored_as_its_message_would_be(
+    under_test: BusUnderTest,
+) -> None:
+    typed, raw = a_drained_node("node-typed"), a_drained_node("node-encoded")
+    encoded = EncodedEvent(
+        raw.routing_subject(), encode(raw), str(raw.event_id), raw.event_type(), raw.occurred_at
+    )
+    bus = under_test.bus
+    assert isinstance(bus, NatsEventBus | InMemoryEventBus)
+
+    outcomes = await bus.publish_many([typed, encoded, encoded])
+
+    assert outcomes == [None] * 3
+    first, second = await under_test.read_back()
+    assert decode(second.subject, second.payload) == raw
+    assert second.subject == first.subject
+    assert set(second.headers) == set(first.headers)
+    assert second.headers["Nats-Msg-Id"] == second.headers["ce-id"] == str(raw.event_id)
+    assert second.headers["ce-type"] == first.headers["ce-type"]
 
 
 async def test_node_command_goes_to_its_node_subject(under_test: BusUnderTest, node: str) -> None:

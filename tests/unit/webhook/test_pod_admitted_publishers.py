@@ -7,20 +7,27 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Sequence
-from datetime import UTC, datetime
-from itertools import pairwise
+from datetime import UTC, datetime, timedelta, timezone
+from itertools import pairwise, product
 from typing import Any
+from zoneinfo import ZoneInfo
 
-from tfcommon.bus import InMemoryEventBus
+from tfcommon.bus import EncodedEvent, InMemoryEventBus, _headers_for
+from tfcommon.config import TfConfig
 from tfcommon.config_source import ConfigSource
-from tfcommon.events import GpuRequest, Message, PodAdmitted, WorkloadRef
-from tfwebhook.core.admission import Admitted
+from tfcommon.events import GpuRequest, Message, PodAdmitted, WorkloadRef, decode, encode
+from tfcommon.placement import PlacementRequest
+from tfwebhook.bench import varied_review
+from tfwebhook.core.admission import AdmissionContext, Admitted
+from tfwebhook.core.review import parse_review
 from tfwebhook.http import (
     BATCH_INTERVAL_S,
     EVENT_NAMESPACE,
     PUBLISH_CONCURRENCY,
     AdmissionService,
     PodAdmittedOutbox,
+    _pod_admitted,
+    encoded_pod_admitted,
     event_id,
 )
 from tfwebhook.testing import a_gpu_container, a_pod, a_review
@@ -144,7 +151,7 @@ class BatchRecordingBus(InMemoryEventBus):
         super().__init__()
         self.batches: list[tuple[float, int]] = []
 
-    async def publish_many(self, events: Sequence[Message]) -> list[BaseException | None]:
+    async def publish_many(self, events: Sequence[Message | EncodedEvent]) -> list[BaseException | None]:
         self.batches.append((asyncio.get_running_loop().time(), len(events)))
         return await super().publish_many(events)
 
@@ -185,3 +192,85 @@ async def test_admissions_below_the_batching_rate_leave_one_by_one_at_once() -> 
         await asyncio.sleep(0.02)  # 50 a second
     await outbox.drain(timeout_s=5)
     assert [size for _at, size in bus.batches] == [1] * 8
+
+
+def an_admitted_pod_of_every_field() -> Admitted:
+    request = GpuRequest(
+        pool="inference",
+        gpu_count=2,
+        tflops_request_milli=0,
+        tflops_limit_milli=0,
+        vram_request_bytes=3 << 30,
+        vram_limit_bytes=4 << 30,
+        compute_percent_request=20,
+        compute_percent_limit=40,
+        gpu_model="H100",
+        qos="high",
+        isolation="shared",
+    )
+    workload = WorkloadRef(namespace="team-ü", name='web-"0"', uid="uid-1", workload="web")
+    return Admitted(
+        patch=[{"op": "add", "path": "/a", "value": 1}] * 3,
+        workload=workload,
+        request=request,
+        migrated_resource="nvidia.com/gpu",
+    )
+
+
+def test_the_encoded_pod_admitted_is_byte_for_byte_what_encoding_its_model_gives() -> None:
+    shapes = [
+        PlacementRequest(
+            name=f"s{count}", gpu_count=count, gpu_share=share, cpu_milli=4000, memory_bytes=8 << 30
+        )
+        for count, share in [(1, 1000), (1, 250), (2, 1000), (8, 1000), (1, 500)]
+    ]
+    service = AdmissionService(config=ConfigSource(None))
+    verdicts = [an_admitted_pod("web"), an_admitted_pod_of_every_field()]
+    for serial, shape in enumerate(shapes):
+        request = parse_review(varied_review(shape, serial, "enc"))
+        assert request.pod is not None
+        verdict = service._verdicts.decide(request.pod, AdmissionContext(TfConfig(), request.namespace))
+        assert isinstance(verdict, Admitted)
+        assert verdict.is_gpu_pod
+        verdicts.append(verdict)
+    moments = [
+        datetime.now(UTC),
+        datetime(2026, 1, 1, tzinfo=UTC),
+        datetime(2026, 6, 1, 12, 30, 5, 7, tzinfo=timezone(timedelta(hours=5, minutes=30))),
+        datetime(2026, 6, 1, 12, tzinfo=ZoneInfo("Europe/Paris")),
+    ]
+    for number, (verdict, occurred_at) in enumerate(product(verdicts, moments)):
+        uid = f"req-{number}"
+        model = _pod_admitted(uid, occurred_at, verdict)
+        encoded = encoded_pod_admitted(uid, occurred_at, verdict)
+        assert encoded.payload == encode(model)
+        assert (encoded.subject, encoded.event_id, encoded.event_type, encoded.occurred_at) == (
+            model.routing_subject(),
+            str(model.event_id),
+            model.event_type(),
+            model.occurred_at,
+        )
+        assert decode(encoded.subject, encoded.payload) == model
+
+
+async def test_a_batching_bus_stores_the_events_encoded_by_the_webhook_as_their_models() -> None:
+    bus = BatchRecordingBus()
+    outbox = PodAdmittedOutbox(bus, limit=100, retry_backoff_s=0.01, retry_backoff_max_s=0.02)
+    now = datetime.now(UTC)
+    verdicts = [an_admitted_pod("web"), an_admitted_pod_of_every_field()]
+    for number, verdict in enumerate(verdicts):
+        outbox.put((f"enc-{number}", now, verdict))
+    await outbox.drain(timeout_s=5)
+    assert bus.messages() == [
+        _pod_admitted(f"enc-{number}", now, verdict) for number, verdict in enumerate(verdicts)
+    ]
+    assert [stored.headers for stored in bus.stored] == [
+        _headers_for(
+            "test",
+            event_id=str(event_id(f"enc-{number}")),
+            event_type=PodAdmitted.event_type(),
+            occurred_at=now,
+            extra=None,
+        )
+        for number in range(len(verdicts))
+    ]
