@@ -36,6 +36,12 @@ _nats_log = logging.getLogger("nats.aio.client")
 """Where nats-py logs the errors of a connection (its default error callback's logger)."""
 
 
+def server_urls(url: str) -> list[str]:
+    """The servers of `url` (`TF_NATS_URL`): one URL, or a cluster's several separated by commas, which
+    the client tries in turn and reconnects among."""
+    return [part.strip() for part in url.split(",") if part.strip()]
+
+
 def inbox_prefix_for(user: str | None) -> str:
     """The reply-subject prefix of a client: `_INBOX_<user>` for a NATS user, else NATS's `_INBOX`.
 
@@ -155,7 +161,8 @@ class NatsEventBus:
         password: str | Callable[[], str] | None = None,
         tls: ssl.SSLContext | None = None,
     ) -> NatsEventBus:
-        """Connect to `url` as `service` (the connection name, the CloudEvents source).
+        """Connect to `url` (one server, or several separated by commas: `server_urls`) as `service`
+        (the connection name, the CloudEvents source).
 
         With a `user`, replies arrive on the user's own inbox prefix (`inbox_prefix_for`). With `tls`
         (`nats_tls.client_context`) the connection is TLS only: a server without TLS, a certificate
@@ -172,7 +179,7 @@ class NatsEventBus:
         nc = Client()
         try:
             await nc.connect(
-                url,
+                server_urls(url),
                 name=f"tfpool-{service}",
                 user=user,
                 password=password,

@@ -11,6 +11,8 @@ Dead-lettered: copied to `TF_DEADLETTER` with why (`tfcommon.deadletter`), count
 `tf_consumer_dead_letters_total`; a copy JetStream did not take leaves the message unterminated and
 nakked ("dead-letter-failed"), so it is delivered and copied again later, never lost silently.
 While a handler runs, `in_progress()` is sent every third of the ack wait so long work is not redelivered.
+A fetch the connection or the server refuses for now (connection lost; 503 from a NATS cluster whose
+consumer has no leader while it elects one) is retried after `fetch_timeout_s`.
 Setting the stop event (SIGTERM) stops fetching; messages already fetched are finished, then it returns.
 One structured log line per message. Handlers do the I/O of their service; this loop does the bus's.
 """
@@ -27,6 +29,7 @@ from datetime import UTC, datetime
 import nats.errors
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
+from nats.js.errors import ServiceUnavailableError
 from opentelemetry import trace
 
 from tfcommon import subjects
@@ -241,7 +244,7 @@ async def run_pull_consumer(
                 fetched = await subscription.fetch(batch - len(handling), timeout=fetch_timeout_s)
             except TimeoutError:  # nats.errors.TimeoutError, or asyncio's when the deadline ran out first
                 continue
-            except (nats.errors.ConnectionClosedError, ConnectionError) as error:
+            except (nats.errors.ConnectionClosedError, ConnectionError, ServiceUnavailableError) as error:
                 _log.warning(
                     "fetch failed; retrying",
                     extra={"consumer": spec.durable, "cause_detail": str(error), "outcome": "fetch-failed"},

@@ -56,9 +56,11 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Generic, NamedTuple, TypeVar
 
+import nats.errors
 import uvicorn
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse
+from nats.js.errors import ServiceUnavailableError
 from sqlalchemy import text
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
@@ -557,16 +559,31 @@ async def _serve_http(server: _Server) -> None:
         ) from None
 
 
+PROVISION_RETRY_S = 0.5
+
+
 async def _provision(spec: ServiceSpec[Any], bus: NatsEventBus) -> None:
-    """The streams (on `TF_NATS_STREAM_REPLICAS` servers) and this service's own durable consumers."""
-    try:
-        await subjects.provision(
-            bus.js,
-            consumers=subjects.consumers_of(spec.name),
-            replicas=spec.settings.nats.stream_replicas,
-        )
-    except subjects.StreamReplicasError as error:
-        raise StartupError(str(error)) from error
+    """The streams (on `TF_NATS_STREAM_REPLICAS` servers) and this service's own durable consumers;
+    asked again until `spec.startup_timeout_s` while JetStream does not answer for now (a NATS cluster
+    whose stream lost its leader answers nothing or 503 until it has elected another)."""
+    deadline = time.monotonic() + spec.startup_timeout_s
+    while True:
+        try:
+            await subjects.provision(
+                bus.js,
+                consumers=subjects.consumers_of(spec.name),
+                replicas=spec.settings.nats.stream_replicas,
+            )
+            return
+        except subjects.StreamReplicasError as error:
+            raise StartupError(str(error)) from error
+        except (nats.errors.TimeoutError, ServiceUnavailableError) as error:
+            if time.monotonic() > deadline:
+                raise StartupError(
+                    f"NATS did not provision the streams within {spec.startup_timeout_s:.0f}s: "
+                    f"{_first_line(error)}"
+                ) from error
+            await asyncio.sleep(PROVISION_RETRY_S)
 
 
 async def serve(spec: ServiceSpec[SettingsT], *, stop: asyncio.Event) -> None:
