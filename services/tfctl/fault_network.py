@@ -8,10 +8,11 @@ from the host at `CELL_IP`. Then (the kernel drops the packets in each case; no 
 
 - `partition(seconds)`: the host end of the veth pair goes down, so the service reaches neither NATS nor
   Postgres, and nobody reaches it, until the link comes back;
-- `partition_from(port, seconds)` (or `cut_from(port)` as a context): only the cell's TCP traffic with
-  `HOST_IP:port` (NATS's port or Postgres's) is dropped, both ways, while the rest of the link works:
-  on the egress of each end an `htb` root qdisc passes what no filter classifies and a `u32` filter
-  (`match ip dport <port>` leaving the cell, `match ip sport <port>` entering it) sends the port's
+- `partition_from(ports, seconds)` (or `cut_from(*ports)` as a context): only the cell's TCP traffic
+  with `HOST_IP:port` for each of `ports` (the three NATS servers' ports, or Postgres's) is dropped,
+  both ways, while the rest of the link works: on the egress of each end an `htb` root qdisc passes
+  what no filter classifies and one `u32` filter per port (`match ip dport <port>` leaving the cell,
+  `match ip sport <port>` entering it) sends the ports'
   packets to a class whose `pfifo limit 0` drops every one. Nothing is reset or closed: both sides'
   TCP sees silence and retransmits, as behind a real partition. This kernel has no `gact` action
   (`tc filter ... action drop` answers "Failed to load TC action module") nor `prio`, hence the class;
@@ -32,7 +33,7 @@ import os
 import re
 import shutil
 import subprocess
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
 SLOW_RATE = "256kbit"
@@ -50,9 +51,9 @@ class LinkCutError(RuntimeError):
 
 @dataclass
 class LinkCut:
-    """A per-port cut (`NetworkCell.cut_from`): its port and, once it ended, the packets dropped."""
+    """A per-port cut (`NetworkCell.cut_from`): its ports and, once it ended, the packets dropped."""
 
-    port: int
+    ports: tuple[int, ...]
     dropped: int = 0
 
 
@@ -140,22 +141,23 @@ class NetworkCell:
             await asyncio.to_thread(_ip, "link", "set", self.host_interface, "up")
 
     @contextlib.asynccontextmanager
-    async def cut_from(self, port: int) -> AsyncIterator[LinkCut]:
-        """While open, the kernel drops the cell's TCP traffic with `host_ip:port`, both ways, and
-        nothing else (see the module); raises `LinkCutError` when `tc` refuses. The `LinkCut` it gives
-        holds, once closed, how many packets were dropped."""
-        cut = LinkCut(port)
-        await asyncio.to_thread(self._drop_port, port)
+    async def cut_from(self, *ports: int) -> AsyncIterator[LinkCut]:
+        """While open, the kernel drops the cell's TCP traffic with `host_ip:port` for each of `ports`,
+        both ways, and nothing else (see the module); raises `LinkCutError` when `tc` refuses. The
+        `LinkCut` it gives holds, once closed, how many packets were dropped."""
+        cut = LinkCut(ports)
+        await asyncio.to_thread(self._drop_ports, ports)
         try:
             yield cut
         finally:
             cut.dropped = await asyncio.to_thread(self._dropped_packets)
             await asyncio.to_thread(self._clear_qdiscs)
 
-    async def partition_from(self, port: int, seconds: float) -> int:
-        """Cut the cell off from `host_ip:port` alone (NATS or Postgres) for `seconds`; the packets
-        the kernel dropped meanwhile (0: the service sent nothing there and nothing came)."""
-        async with self.cut_from(port) as cut:
+    async def partition_from(self, ports: Sequence[int], seconds: float) -> int:
+        """Cut the cell off from `host_ip:port` for each of `ports` alone (the NATS servers, or
+        Postgres) for `seconds`; the packets the kernel dropped meanwhile (0: the service sent nothing
+        there and nothing came)."""
+        async with self.cut_from(*ports) as cut:
             await asyncio.sleep(seconds)  # the fault itself is the outage, not a synchronisation
         return cut.dropped
 
@@ -164,7 +166,7 @@ class NetworkCell:
         if shutil.which("tc") is None:
             return "no tc command (iproute2)"
         try:
-            self._drop_port(PROBE_PORT)
+            self._drop_ports((PROBE_PORT,))
         except LinkCutError as error:
             return str(error)
         finally:
@@ -178,19 +180,22 @@ class NetworkCell:
             ["ip", "netns", "exec", self.namespace, "tc"],
         )
 
-    def _drop_port(self, port: int) -> None:
+    def _drop_ports(self, ports: Sequence[int]) -> None:
         host_end, cell_end = self._ends()
         ends = (
-            (host_end, self.host_interface, f"src {self.host_ip}/32 match ip sport {port}"),
-            (cell_end, self.cell_interface, f"dst {self.host_ip}/32 match ip dport {port}"),
+            (host_end, self.host_interface, f"src {self.host_ip}/32 match ip sport"),
+            (cell_end, self.cell_interface, f"dst {self.host_ip}/32 match ip dport"),
         )
         for tc, device, match in ends:
             steps = (
                 f"qdisc add dev {device} root handle 1: htb default 0",
                 f"class add dev {device} parent 1: classid {DROP_CLASS} htb rate 8kbit quantum 1514",
                 f"qdisc add dev {device} parent {DROP_CLASS} handle 10: pfifo limit 0",
-                f"filter add dev {device} parent 1: protocol ip prio 1 u32 match ip protocol 6 0xff"
-                f" match ip {match} 0xffff flowid {DROP_CLASS}",
+                *(
+                    f"filter add dev {device} parent 1: protocol ip prio 1 u32 match ip protocol 6 0xff"
+                    f" match ip {match} {port} 0xffff flowid {DROP_CLASS}"
+                    for port in ports
+                ),
             )
             for step in steps:
                 done = subprocess.run([*tc, *step.split()], capture_output=True, text=True, check=False)

@@ -1,12 +1,15 @@
 """Fault campaigns on the local stack: load, faults in turn, then the ledger invariants.
 
-`run_fault_campaign(duration_s, seed)` starts its own stack (embedded NATS and Postgres, the five
-services as `tfctl serve` children with simulated GPUs), drives submissions of every QoS (the
-`critical` ones preempt) and releases through the webhook and the scheduler's HTTP API while it
-SIGKILLs each service (and restarts it), restarts NATS, restarts
+`run_fault_campaign(duration_s, seed)` starts its own stack (a three-server NATS JetStream cluster,
+`tfctl.fault_nats`, with every stream on all three servers; embedded Postgres; the five services as
+`tfctl serve` children with simulated GPUs, each given the three NATS URLs), drives submissions of
+every QoS (the `critical` ones preempt) and releases through the webhook and the scheduler's HTTP API
+while it SIGKILLs each service (and restarts it), restarts all three NATS servers at once, SIGKILLs
+the server leading `TF_EVENTS` (down a few seconds, then started again on its store), restarts
 Postgres (immediate shutdown, a crash for the database), SIGSTOPs each service past its timeouts and (as
 root, `tfctl.fault_network`) partitions the last node agent from everything, slows its link, and cuts
-the scheduler from NATS alone and from Postgres alone (`fault_plan` lists every fault). Every
+the scheduler from the three NATS servers alone and from Postgres alone (`fault_plan` lists every
+fault). Every
 call is recorded as ok / fail / unknown. After the faults stop it checks the invariants of
 `tfctl.fault_checks` and returns a report whose `violations` must be empty. A service that exits on its
 own during an outage is restarted, as a container runtime would, and counted in `self_exits`.
@@ -44,11 +47,11 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import NullPool
 from tfcommon import pod_spec, subjects
-from tfcommon.bus import NatsEventBus, cloudevent_headers
+from tfcommon.bus import NatsEventBus, UnroutableSubjectError, cloudevent_headers
 from tfcommon.config import TfConfig
 from tfcommon.deadletter import discard_dead_letter, list_dead_letters
 from tfcommon.events import StartDefragCampaign, WorkloadRef
-from tfcommon.infra import EmbeddedNats, EmbeddedPostgres, die_with_parent
+from tfcommon.infra import EmbeddedPostgres, die_with_parent
 from tfcommon.ledger import tables
 from tfcommon.ledger.migrate import upgrade_head
 from tfcommon.ledger.urls import ledger_url
@@ -73,6 +76,7 @@ from tfctl.fault_checks import (
     check_views_agree,
 )
 from tfctl.fault_deadletters import StalledConsumer
+from tfctl.fault_nats import NatsCluster
 from tfctl.fault_network import NetworkCell
 from tfctl.history_check import (
     BillPeriod,
@@ -180,10 +184,10 @@ class ManagedChild:
 
 @dataclass
 class FaultStack:
-    """The campaign's own stack: embedded NATS and Postgres plus every service child."""
+    """The campaign's own stack: a three-server NATS cluster, embedded Postgres and every service child."""
 
     state_dir: Path
-    nats: EmbeddedNats
+    nats: NatsCluster
     postgres: EmbeddedPostgres
     children: dict[str, ManagedChild] = field(default_factory=dict)
     cell: NetworkCell | None = None
@@ -203,8 +207,7 @@ class FaultStack:
         return [managed.child for managed in self.children.values() if managed.child.service == "node-agent"]
 
     async def start(self) -> None:
-        self.nats.launch()
-        await asyncio.to_thread(self.nats.wait_until_ready)
+        await self.nats.start()
         await asyncio.to_thread(self.postgres.prepare)
         self.postgres.launch()
         await asyncio.to_thread(self.postgres.wait_until_ready)
@@ -213,6 +216,7 @@ class FaultStack:
         environment = {key: value for key, value in os.environ.items() if not key.startswith("TF_")}
         environment |= {
             "TF_NATS_URL": self.nats.url,
+            "TF_NATS_STREAM_REPLICAS": str(NATS_REPLICAS),
             "TF_DATABASE_URL": self.postgres.url,
             "TF_API_TOKEN": API_TOKEN,
             "TF_HEARTBEAT_INTERVAL_S": str(HEARTBEAT_INTERVAL_S),
@@ -231,16 +235,16 @@ class FaultStack:
         await self.wait_ready(SETTLE_TIMEOUT_S)
 
     async def _move_into_cell(self, cell: NetworkCell, child: Child, environment: dict[str, str]) -> None:
-        """Run `child` inside `cell`, reaching NATS and Postgres through its veth pair; a child given
-        its URL (the defrag planner is given the scheduler's) gets its address in the cell instead."""
-        await cell.forward(self.nats.port)
-        await cell.forward(self.postgres.port)
-        loopback = f"{self.nats.host}:"
+        """Run `child` inside `cell`, reaching the three NATS servers and Postgres through its veth pair;
+        a child given its URL (the defrag planner is given the scheduler's) gets its address in the cell
+        instead."""
+        for port in (*self.nats.ports, self.postgres.port):
+            await cell.forward(port)
         self.children[child.name].environment = (
             environment
             | child.environment
             | {
-                "TF_NATS_URL": self.nats.url.replace(loopback, f"{cell.host_ip}:"),
+                "TF_NATS_URL": ",".join(f"nats://{cell.host_ip}:{port}" for port in self.nats.ports),
                 "TF_DATABASE_URL": self.postgres.url.replace(f"@{self.postgres.host}:", f"@{cell.host_ip}:"),
             }
         )
@@ -287,11 +291,28 @@ class FaultStack:
         _signal_group(process.pid, signal.SIGSTOP if paused else signal.SIGCONT)
 
     async def restart_nats(self) -> None:
-        assert self.nats.process is not None
-        self.nats.process.kill()
-        await asyncio.to_thread(self.nats.process.wait)
-        self.nats.launch()
-        await asyncio.to_thread(self.nats.wait_until_ready)
+        """SIGKILL all three NATS servers, then start them again on their stores: the whole bus away."""
+        await self.nats.restart_all()
+
+    async def kill_nats_leader(self, chaos: Chaos) -> None:
+        """SIGKILL the server leading `TF_EVENTS` (`cluster.leader` of its stream info), keep it down
+        until the other two have elected a new leader and at least `LEADER_DOWN_S`, then start it again
+        on its store; the seconds to the new leader go to `chaos.leader_elections_s`."""
+        leader = await _retried(lambda: self.nats.leader_of(subjects.EVENTS_STREAM))
+        server = self.nats.by_name(leader) if leader is not None else self.nats.servers[0]
+        killed_at = time.monotonic()
+        await self.nats.kill(server)
+        deadline = killed_at + SETTLE_TIMEOUT_S
+        while time.monotonic() < deadline:
+            with contextlib.suppress(nats.errors.Error, OSError, TimeoutError):
+                if await self.nats.leader_of(subjects.EVENTS_STREAM) not in (None, server.name):
+                    chaos.leader_elections_s.append(round(time.monotonic() - killed_at, 2))
+                    break
+            await asyncio.sleep(0.2)
+        # The rest of the outage is the fault itself, not a synchronisation.
+        await asyncio.sleep(max(killed_at + LEADER_DOWN_S - time.monotonic(), 0.0))
+        self.nats.launch(server)
+        await self.nats.wait_ready()
 
     async def restart_postgres(self) -> None:
         assert self.postgres.process is not None
@@ -354,6 +375,18 @@ class FaultStack:
         for cell in (self.cell, self.scheduler_cell):
             if cell is not None:
                 await cell.close()
+
+
+async def _retried(read: Callable[[], Any], timeout_s: float = SETTLE_TIMEOUT_S) -> Any:
+    """`await read()`, asked again while NATS does not answer (a cluster still electing a leader)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return await read()
+        except (nats.errors.Error, OSError, TimeoutError):
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.25)
 
 
 def _signal_group(process_group: int, signal_number: signal.Signals) -> None:
@@ -569,6 +602,12 @@ class Chaos:
     stalled_replayed: int = 0
     """Dead letters of the consumer stalled past `max_deliver`, and those replayed (`fault_deadletters`)."""
     defrag_requests: int = 0
+    disk_full_servers: list[str] = field(default_factory=list)
+    """The NATS server whose store each disk-full fault filled (the `TF_EVENTS` leader then)."""
+    leader_elections_s: list[float] = field(default_factory=list)
+    """Seconds from each SIGKILL of the `TF_EVENTS` leader to the new leader the other two elected."""
+    events_replicas: int = 0
+    """`TF_EVENTS`'s replicas at the end (3: the services' `TF_NATS_STREAM_REPLICAS`, never lowered)."""
     partition_drops: dict[str, int] = field(default_factory=dict)
     """Packets the kernel dropped in each per-port partition (`partition scheduler from nats 5s`...),
     summed over its runs: 0 would mean the cut hit no traffic."""
@@ -589,7 +628,12 @@ TERMINATE_ROUNDS = 5
 SHORT_DUPLICATE_WINDOW_S = 1.0
 DISK_FULL_S = 3.0
 JETSTREAM_STORE_BYTES = 256 * 1024 * 1024
-"""The size of the tmpfs the JetStream store lives on (as root), which the disk-full fault fills."""
+"""The size of the tmpfs each NATS server's JetStream store lives on (as root); the disk-full fault
+fills the one of the server leading `TF_EVENTS`."""
+NATS_REPLICAS = 3
+"""`TF_NATS_STREAM_REPLICAS` of every service: each stream kept on all three servers."""
+LEADER_DOWN_S = 3.0
+"""How long the killed `TF_EVENTS` leader stays down (past the other two's election, about 2 s)."""
 TERMINATED_ADVISORIES = f"$JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED.{subjects.EVENTS_STREAM}.>"
 POISON_SUBJECTS = (subjects.ALLOCATION_CREATED, subjects.ALLOCATION_RELEASED)
 
@@ -600,7 +644,7 @@ async def _quiet_error(error: Exception) -> None:
 
 async def _nats(stack: FaultStack) -> NatsClient:
     return await nats.connect(
-        stack.nats.url,
+        stack.nats.urls,
         connect_timeout=2,
         allow_reconnect=False,
         error_cb=_quiet_error,
@@ -704,31 +748,47 @@ async def publish_poison(stack: FaultStack, chaos: Chaos) -> None:
         await connection_.close()
 
 
-def mount_jetstream_store(store_dir: Path) -> str | None:
-    """Mount a tmpfs of `JETSTREAM_STORE_BYTES` on `store_dir` (so that it can be filled); None when
-    done, else why not (not root, or the mount was refused)."""
+def mount_jetstream_stores(store_dirs: list[Path]) -> str | None:
+    """Mount a tmpfs of `JETSTREAM_STORE_BYTES` on each of `store_dirs` (so that one can be filled);
+    None when done, else why not (not root, or a mount was refused, the others then unmounted)."""
     if os.geteuid() != 0:
         return "not root: the JetStream store cannot get a file system of its own to fill"
-    store_dir.mkdir(parents=True, exist_ok=True)
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={JETSTREAM_STORE_BYTES}", "tmpfs", str(store_dir)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    return None if mounted.returncode == 0 else f"mount -t tmpfs refused: {mounted.stderr.strip()}"
+    mounted: list[Path] = []
+    for store_dir in store_dirs:
+        store_dir.mkdir(parents=True, exist_ok=True)
+        done = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={JETSTREAM_STORE_BYTES}", "tmpfs", str(store_dir)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if done.returncode != 0:
+            unmount_jetstream_stores(mounted)
+            return f"mount -t tmpfs refused: {done.stderr.strip()}"
+        mounted.append(store_dir)
+    return None
+
+
+def unmount_jetstream_stores(store_dirs: list[Path]) -> None:
+    for store_dir in store_dirs:
+        subprocess.run(["umount", "--lazy", str(store_dir)], check=False)
 
 
 async def fill_disk(stack: FaultStack, chaos: Chaos) -> None:
-    """Fill the JetStream store's file system for `DISK_FULL_S`, free it, then restart NATS (a server
-    that hit ENOSPC disables JetStream until it restarts, as an operator would do)."""
-    filler = stack.nats.store_dir / "disk-full.bin"
+    """Fill the JetStream store's file system of the server leading `TF_EVENTS` for `DISK_FULL_S`, free
+    it, then restart that server (one that hit ENOSPC disables JetStream until it restarts, as an
+    operator would do); the other two hold a quorum meanwhile."""
+    leader = await _retried(lambda: stack.nats.leader_of(subjects.EVENTS_STREAM))
+    server = stack.nats.by_name(leader) if leader is not None else stack.nats.servers[0]
+    chaos.disk_full_servers.append(server.name)
+    filler = server.store_dir / "disk-full.bin"
     await asyncio.to_thread(_fill, filler)
     try:
         await asyncio.sleep(DISK_FULL_S)  # the fault itself is the full disk, not a synchronisation
     finally:
         filler.unlink()
-    await stack.restart_nats()
+    await stack.nats.restart(server)
+    await stack.nats.wait_ready()
 
 
 def _fill(path: Path) -> None:
@@ -739,13 +799,14 @@ def _fill(path: Path) -> None:
 
 
 def fault_plan(stack: FaultStack, chaos: Chaos, consumer: StalledConsumer | None = None) -> list[Fault]:
-    """Every fault once, in this order: SIGKILL each service, restart NATS, restart Postgres, pause
+    """Every fault once, in this order: SIGKILL each service, restart NATS (all three servers), SIGKILL
+    the NATS server leading `TF_EVENTS` (down `LEADER_DOWN_S`, then back), restart Postgres, pause
     each service (SIGSTOP), `pg_terminate_backend`, a republish after the duplicate window, a poison
     message, (with `consumer`) a consumer stalled past `max_deliver`, then reconciled, (when the store
-    could be mounted) a full JetStream disk, (when the last node agent runs in its own network
-    namespace) a partition and a slow link between it and everything, (when the scheduler runs in one
-    and `tc` can cut one port) a partition between the scheduler and NATS alone, then between it and
-    Postgres alone, then two pairs at once:
+    could be mounted) a full JetStream disk (the `TF_EVENTS` leader's), (when the last node agent runs
+    in its own network namespace) a partition and a slow link between it and everything, (when the
+    scheduler runs in one and `tc` can cut a port) a partition between the scheduler and the three NATS
+    servers alone, then between it and Postgres alone, then two pairs at once:
     SIGKILL the scheduler while backends are terminated, restart NATS while the planner is killed."""
 
     def kill(name: str) -> Fault:
@@ -765,11 +826,11 @@ def fault_plan(stack: FaultStack, chaos: Chaos, consumer: StalledConsumer | None
 
         return Fault(f"sigstop {name} {PAUSE_S:.0f}s", inject)
 
-    def partition_from(cell: NetworkCell, service: str, server: str, port: int) -> Fault:
+    def partition_from(cell: NetworkCell, service: str, server: str, ports: list[int]) -> Fault:
         name = f"partition {service} from {server} {PAUSE_S:.0f}s"
 
         async def inject(_: FaultStack) -> None:
-            dropped = await cell.partition_from(port, PAUSE_S)
+            dropped = await cell.partition_from(ports, PAUSE_S)
             chaos.partition_drops[name] = chaos.partition_drops.get(name, 0) + dropped
 
         return Fault(name, inject)
@@ -782,6 +843,7 @@ def fault_plan(stack: FaultStack, chaos: Chaos, consumer: StalledConsumer | None
 
     plan = [kill(name) for name in stack.children]
     plan.append(Fault("restart nats", FaultStack.restart_nats))
+    plan.append(with_chaos("nats leader killed", FaultStack.kill_nats_leader))
     plan.append(Fault("restart postgres", FaultStack.restart_postgres))
     plan += [pause(name) for name in stack.children]
     plan.append(with_chaos("pg_terminate_backend", terminate_backends))
@@ -801,8 +863,8 @@ def fault_plan(stack: FaultStack, chaos: Chaos, consumer: StalledConsumer | None
         plan.append(Fault(f"slow-link {cut_off} {PAUSE_S:.0f}s", lambda _: cell.slow_link(PAUSE_S)))
     scheduler_cell = stack.scheduler_cell
     if scheduler_cell is not None:
-        plan.append(partition_from(scheduler_cell, "scheduler", "nats", stack.nats.port))
-        plan.append(partition_from(scheduler_cell, "scheduler", "postgres", stack.postgres.port))
+        plan.append(partition_from(scheduler_cell, "scheduler", "nats", stack.nats.ports))
+        plan.append(partition_from(scheduler_cell, "scheduler", "postgres", [stack.postgres.port]))
     plan.append(overlapping(kill("scheduler"), with_chaos("pg_terminate_backend", terminate_backends)))
     plan.append(overlapping(Fault("restart nats", FaultStack.restart_nats), kill("defrag-planner")))
     return plan
@@ -859,7 +921,9 @@ class CampaignReport:
 
 async def _campaign(duration_s: float, seed: int, state_dir: Path) -> CampaignReport:
     chaos = Chaos()
-    reason = await asyncio.to_thread(mount_jetstream_store, state_dir / "nats")
+    cluster = NatsCluster(state_dir / "nats")
+    stores = [server.store_dir for server in cluster.servers]
+    reason = await asyncio.to_thread(mount_jetstream_stores, stores)
     if reason is not None:
         chaos.not_run["disk full"] = reason
     cell = await asyncio.to_thread(NetworkCell.create, 0)
@@ -875,7 +939,7 @@ async def _campaign(duration_s: float, seed: int, state_dir: Path) -> CampaignRe
         chaos.not_run["partition from nats"] = chaos.not_run["partition from postgres"] = scheduler_cell
     stack = FaultStack(
         state_dir=state_dir,
-        nats=EmbeddedNats(store_dir=state_dir / "nats", die_with_parent=True),
+        nats=cluster,
         postgres=EmbeddedPostgres(data_dir=state_dir / "postgres", die_with_parent=True),
         cell=None if isinstance(cell, str) else cell,
         scheduler_cell=None if isinstance(scheduler_cell, str) else scheduler_cell,
@@ -908,6 +972,7 @@ async def _campaign(duration_s: float, seed: int, state_dir: Path) -> CampaignRe
             await engine.dispose()
         violations["views agree within 10 s"] = view_violations
         violations["dead letters reconciled, none lost"] = await _unreconciled(stack, consumer)
+        chaos.events_replicas = await stack.nats.replicas_of(subjects.EVENTS_STREAM)
         stop_consumer.set()
         await consuming
         (state_dir / "operations.json").write_text(
@@ -936,9 +1001,7 @@ async def _campaign(duration_s: float, seed: int, state_dir: Path) -> CampaignRe
     finally:
         await stack.stop()
         if reason is None:
-            await asyncio.to_thread(
-                subprocess.run, ["umount", "--lazy", str(state_dir / "nats")], check=False
-            )
+            await asyncio.to_thread(unmount_jetstream_stores, stores)
 
 
 async def _unreconciled(stack: FaultStack, consumer: StalledConsumer) -> list[str]:
@@ -990,8 +1053,8 @@ async def _request_defrag(stack: FaultStack, stop: asyncio.Event, chaos: Chaos) 
                 )
             )
             chaos.defrag_requests += 1
-        except (nats.errors.Error, OSError, TimeoutError):
-            pass
+        except (nats.errors.Error, OSError, TimeoutError, UnroutableSubjectError):
+            pass  # UnroutableSubjectError: the stream has no leader while the cluster elects one
         finally:
             with contextlib.suppress(nats.errors.Error):
                 await connection_.close()
@@ -1244,7 +1307,7 @@ async def _bus_events(
             await connection.execute(sa.select(outbox.event_id, outbox.published_at, outbox.subject))
         ).all()
     published = {row.event_id: row.published_at for row in rows}
-    connection_ = await nats.connect(stack.nats.url)
+    connection_ = await nats.connect(stack.nats.urls)
     try:
         js = connection_.jetstream()
         events: list[BusEvent] = []

@@ -1,13 +1,16 @@
 """A bounded fault campaign on the local stack: nothing acknowledged is lost, doubled or misbilled.
 
 One campaign (about two minutes on two cores) runs under load through the webhook and the scheduler,
-with defrag campaigns and preemptions, while every service is SIGKILLed and restarted, NATS and
-Postgres restart, every service is paused past its timeouts, backends are terminated, events are
+on a three-server NATS cluster with every stream on the three (`tfctl.fault_nats`), with defrag
+campaigns and preemptions, while every service is SIGKILLed and restarted, the three NATS servers and
+Postgres restart, the server leading `TF_EVENTS` is SIGKILLed and comes back after the other two
+elected a new leader, every service is paused past its timeouts, backends are terminated, events are
 republished after the duplicate window, a poison message is sent, a consumer stalls past
-`max_deliver` (dead-lettered, then replayed) and (as root) the JetStream disk fills, a node agent
-is partitioned and slowed, and the scheduler is cut from NATS alone, then from Postgres alone (the
-kernel drops that port's packets: `tests/faults/test_faults_network.py`); each test then asserts one
-invariant of its report or one of the history checker's figures. `make bench` runs a longer one.
+`max_deliver` (dead-lettered, then replayed) and (as root) the stream leader's JetStream disk fills, a
+node agent is partitioned and slowed, and the scheduler is cut from the three NATS servers alone, then
+from Postgres alone (the kernel drops those ports' packets: `tests/faults/test_faults_network.py`);
+each test then asserts one invariant of its report or one of the history checker's figures. `make
+bench` runs a longer one.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ def test_the_campaign_ran_every_fault_under_load(report: dict[str, Any]) -> None
     for service in ("webhook", "scheduler", "defrag-planner", "metrics", "node-agent-sim-node-1"):
         assert f"sigkill {service}" in faults
         assert f"sigstop {service}" in faults
-    for fault in ("restart nats", "restart postgres", "sigstop node-agent-sim-node-2"):
+    for fault in ("restart nats", "nats leader killed", "restart postgres", "sigstop node-agent-sim-node-2"):
         assert fault in faults
     assert report["operations"].get("submit-ok", 0) >= 50
     assert report["operations"].get("release-ok", 0) >= 20
@@ -79,6 +82,12 @@ def test_no_service_stops_on_its_own_during_an_outage(report: dict[str, Any]) ->
     assert report["self_exits_by_service"] == {}
 
 
+def test_the_streams_live_on_three_servers_and_a_killed_leader_is_replaced(report: dict[str, Any]) -> None:
+    chaos = report["chaos"]
+    assert chaos["events_replicas"] == 3
+    assert chaos["leader_elections_s"], "the other two servers elected no new TF_EVENTS leader"
+
+
 def test_the_load_preempts_and_every_preempted_workload_was_announced_and_recreated(
     report: dict[str, Any],
 ) -> None:
@@ -115,6 +124,7 @@ def test_the_history_checker_finds_nothing_lost_doubled_phantom_or_misbilled(rep
 def test_the_campaign_injected_every_kind_of_fault_real_on_this_machine(report: dict[str, Any]) -> None:
     kinds = set(report["fault_kinds"])
     assert {"sigkill", "sigstop", "restart nats", "restart postgres", "pg_terminate_backend"} <= kinds
+    assert "nats leader killed" in kinds
     assert {"republish after duplicate window", "poison message", "stalled consumer", "overlapping"} <= kinds
     assert report["chaos"]["backends_terminated"] > 0
     assert report["chaos"]["republished"] >= 1
