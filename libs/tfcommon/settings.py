@@ -21,7 +21,11 @@ class NatsSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="TF_NATS_", extra="ignore")
 
-    url: str | None = Field(default=None, description="NATS URL, e.g. nats://127.0.0.1:4222")
+    url: str | None = Field(
+        default=None,
+        description="NATS URL, e.g. nats://127.0.0.1:4222; several servers of one cluster separated by "
+        "commas (each is tried, and reconnection moves to another)",
+    )
     user: str | None = Field(default=None, description="NATS user name, when the server requires one")
     password: SecretStr | None = Field(default=None, description="NATS password")
     password_file: Path | None = Field(
