@@ -99,6 +99,20 @@ class EventBus(Protocol):
         ...
 
 
+async def publish_one(bus: EventBus, event: Message | EncodedEvent) -> None:
+    """Publish a typed event, or one already encoded (`EncodedEvent`, through `publish_raw`)."""
+    if isinstance(event, EncodedEvent):
+        await bus.publish_raw(
+            event.subject,
+            event.payload,
+            event_id=event.event_id,
+            event_type=event.event_type,
+            occurred_at=event.occurred_at,
+        )
+    else:
+        await bus.publish(event)
+
+
 def cloudevent_headers(
     *, event_id: str, event_type: str, source: str, occurred_at: datetime
 ) -> dict[str, str]:
@@ -340,16 +354,7 @@ class InMemoryEventBus:
         outcomes: list[BaseException | None] = []
         for event in events:
             try:
-                if isinstance(event, EncodedEvent):
-                    await self.publish_raw(
-                        event.subject,
-                        event.payload,
-                        event_id=event.event_id,
-                        event_type=event.event_type,
-                        occurred_at=event.occurred_at,
-                    )
-                else:
-                    await self.publish(event)
+                await publish_one(self, event)
             except Exception as error:
                 outcomes.append(error)
             else:

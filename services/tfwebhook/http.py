@@ -31,7 +31,7 @@ import orjson
 from fastapi import APIRouter
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
-from tfcommon.bus import EncodedEvent, EventBus
+from tfcommon.bus import EncodedEvent, EventBus, publish_one
 from tfcommon.config import ConfigProvider, TfConfig
 from tfcommon.events import Message, PodAdmitted
 from tfcommon.quota import NamespaceQuota
@@ -484,7 +484,7 @@ class PodAdmittedOutbox:
         encoded here), else a `publish` each, all at once."""
         if isinstance(self.bus, PublishesMany):
             return await self.bus.publish_many(events)
-        publishes = [loop.create_task(_publish_one(self.bus, event)) for event in events]
+        publishes = [loop.create_task(publish_one(self.bus, event)) for event in events]
         try:
             return await asyncio.gather(*publishes, return_exceptions=True)
         except asyncio.CancelledError:
@@ -506,19 +506,6 @@ class PodAdmittedOutbox:
         )
         self._paused_until = now + self._backoff_s
         self._backoff_s = min(self._backoff_s * 2, self.retry_backoff_max_s)
-
-
-async def _publish_one(bus: EventBus, event: PodAdmitted | EncodedEvent) -> None:
-    if isinstance(event, PodAdmitted):
-        await bus.publish(event)
-    else:
-        await bus.publish_raw(
-            event.subject,
-            event.payload,
-            event_id=event.event_id,
-            event_type=event.event_type,
-            occurred_at=event.occurred_at,
-        )
 
 
 def _has_namespace_selector(config: TfConfig) -> bool:
