@@ -18,7 +18,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
+from urllib.parse import ParseResult
 
+import nats.errors
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.errors import NoStreamResponseError
@@ -34,6 +36,34 @@ STREAM_PREFIXES = ("tf.evt.", "tf.cmd.")
 DEFAULT_INBOX_PREFIX = "_INBOX"
 _nats_log = logging.getLogger("nats.aio.client")
 """Where nats-py logs the errors of a connection (its default error callback's logger)."""
+CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
+    OSError,
+    TimeoutError,
+    nats.errors.NoServersError,
+    nats.errors.StaleConnectionError,
+    nats.errors.UnexpectedEOF,
+    nats.errors.ConnectionClosedError,
+)
+"""Errors of a connection lost or refused, which the client retries on its own: a NATS restart or a
+cluster's leader change raises one per reconnection attempt."""
+
+
+def log_nats_error(error: Exception) -> None:
+    """One line for a connection error the client is retrying, a traceback for anything else."""
+    if isinstance(error, CONNECTION_ERRORS):
+        detail = str(error) or "no detail"
+        _nats_log.warning(
+            "nats: connection lost or refused, reconnecting (%s: %s)", type(error).__name__, detail
+        )
+    else:
+        _nats_log.error("nats: %s", error, exc_info=error)
+
+
+def server_address(url: ParseResult | None) -> str:
+    """`host:port` of a server URL, without the user and password a URL may carry (for logs)."""
+    if url is None or url.hostname is None:
+        return "no server"
+    return f"{url.hostname}:{url.port}" if url.port is not None else url.hostname
 
 
 def server_urls(url: str) -> list[str]:
@@ -188,7 +218,18 @@ class NatsEventBus:
         async def on_error(error: Exception) -> None:
             if not connected and (refused := verification_failure(url, error)) is not None:
                 raise refused  # out of nats.connect: a retry would be refused the same way
-            _nats_log.error("nats: %s", error, exc_info=error)
+            log_nats_error(error)
+
+        server = "no server"
+
+        async def on_disconnected() -> None:
+            if connected and not nc.is_closed:  # close() calls it too, after marking the client closed
+                _nats_log.warning("nats: disconnected from %s, reconnecting", server)
+
+        async def on_reconnected() -> None:
+            nonlocal server
+            server = server_address(nc.connected_url)
+            _nats_log.warning("nats: reconnected to %s", server)
 
         nc = Client()
         try:
@@ -202,6 +243,8 @@ class NatsEventBus:
                 connect_timeout=5,
                 tls=tls,
                 error_cb=on_error,
+                disconnected_cb=on_disconnected,
+                reconnected_cb=on_reconnected,
             )
             if tls is not None:
                 require_tls(url, nc._server_info)
@@ -209,6 +252,7 @@ class NatsEventBus:
             await _discard(nc)
             raise
         connected = True
+        server = server_address(nc.connected_url)
         return cls(nc, nc.jetstream(timeout=PUBLISH_TIMEOUT_S), service)
 
     async def publish(self, event: Message) -> None:
