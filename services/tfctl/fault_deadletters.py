@@ -20,6 +20,7 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 
 import nats.errors
 from nats.js import JetStreamContext
@@ -30,6 +31,7 @@ from tfcommon.deadletter import list_dead_letters, replay_dead_letter
 from tfcommon.events import Message
 from tfcommon.subjects import ConsumerSpec, provision_consumer
 
+from tfctl.fault_nats import until_jetstream_answers
 from tfctl.history_check import BusEvent
 
 log = logging.getLogger("tfctl.faults")
@@ -76,8 +78,10 @@ class StalledConsumer:
             logging.getLogger(name).addHandler(logging.NullHandler())
         bus = await NatsEventBus.connect(nats_url, service="fault-campaign")
         try:
-            await provision_consumer(bus.js, STALLED_CONSUMER)
-            info = await bus.js.consumer_info(STALLED_CONSUMER.stream, STALLED_CONSUMER.durable)
+            await until_jetstream_answers(lambda: provision_consumer(bus.js, STALLED_CONSUMER))
+            info = await until_jetstream_answers(
+                lambda: bus.js.consumer_info(STALLED_CONSUMER.stream, STALLED_CONSUMER.durable)
+            )
             self.first_sequence = info.delivered.stream_seq + 1  # a new consumer: the stream's last then
             ready.set()
             while not stop.is_set():
@@ -107,9 +111,9 @@ class StalledConsumer:
         finally:
             self.stalled = False
         await settled(js, SETTLE_S)
-        for letter in await list_dead_letters(js, STALLED_CONSUMER.durable):
+        for letter in await until_jetstream_answers(lambda: list_dead_letters(js, STALLED_CONSUMER.durable)):
             self.dead_lettered += 1
-            if await replay_dead_letter(js, letter.sequence) is not None:
+            if await until_jetstream_answers(partial(replay_dead_letter, js, letter.sequence)) is not None:
                 self.replayed += 1
 
     async def unreconciled(self, js: JetStreamContext, stored: Sequence[BusEvent]) -> list[str]:
@@ -118,7 +122,9 @@ class StalledConsumer:
         found = [
             f"dead letter {letter.sequence} of {letter.consumer} ({letter.reason}, event {letter.event_id}) "
             "never reconciled"
-            for letter in await list_dead_letters(js, STALLED_CONSUMER.durable)
+            for letter in await until_jetstream_answers(
+                lambda: list_dead_letters(js, STALLED_CONSUMER.durable)
+            )
         ]
         originals = {
             event.message_id

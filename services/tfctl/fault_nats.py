@@ -9,6 +9,10 @@ a stream on three servers (the streams are provisioned then with `REPLICAS`, as 
 `TF_NATS_STREAM_REPLICAS`). Unlike deploy/nats/cluster.conf there are no users: the campaign's services
 connect without credentials, as on the embedded single server.
 
+`until_jetstream_answers(call)` asks a JetStream API again while it answers 503 (no server has taken
+the request: a cluster still electing its meta or stream leader after a fault), for the campaign's own
+requests (its faults' stream updates and dead-letter handling, and the reads of its checks).
+
 The faults: `kill(server)` (SIGKILL) and `launch(server)` again on the same store, `restart_all()`
 (every server SIGKILLed, then all three started again), and `leader_of(stream)`, the name of the
 server leading a stream (its `cluster.leader` in the stream's info), or None while it has none.
@@ -20,12 +24,14 @@ import asyncio
 import signal
 import subprocess
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import nats
 import nats.errors
-from nats.js.errors import APIError
+from nats.js.errors import APIError, NoStreamResponseError, ServiceUnavailableError
 from tfcommon import subjects
 from tfcommon.infra import die_with_parent, free_port, nats_server_binary, wait_for_port
 
@@ -35,6 +41,22 @@ REPLICAS = 3
 CLUSTER_NAME = "tfpool-faults"
 READY_TIMEOUT_S = 60.0
 """How long a (re)started cluster may take to accept connections and hold three-replica streams."""
+UNANSWERED_RETRY_S = 0.25
+T = TypeVar("T")
+
+
+async def until_jetstream_answers(call: Callable[[], Awaitable[T]], timeout_s: float = READY_TIMEOUT_S) -> T:
+    """`await call()`, made again while JetStream has no responder for it (`ServiceUnavailableError`, or
+    `NoStreamResponseError` for a publish): nothing was done then, so asking again is safe for any
+    request. Any other error, and the last 503 after `timeout_s`, is raised."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return await call()
+        except (ServiceUnavailableError, NoStreamResponseError):
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(UNANSWERED_RETRY_S)
 
 
 @dataclass
@@ -172,7 +194,7 @@ class NatsCluster:
         """How many servers keep `stream` (its configured `num_replicas`)."""
         connection = await nats.connect(self.urls, connect_timeout=2, allow_reconnect=False)
         try:
-            info = await connection.jetstream(timeout=2).stream_info(stream)
+            info = await until_jetstream_answers(lambda: connection.jetstream(timeout=2).stream_info(stream))
         finally:
             await connection.close()
         return info.config.num_replicas or 1

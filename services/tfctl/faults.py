@@ -34,6 +34,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 from uuid import UUID, uuid4
@@ -76,7 +77,7 @@ from tfctl.fault_checks import (
     check_views_agree,
 )
 from tfctl.fault_deadletters import StalledConsumer
-from tfctl.fault_nats import NatsCluster
+from tfctl.fault_nats import NatsCluster, until_jetstream_answers
 from tfctl.fault_network import NetworkCell
 from tfctl.history_check import (
     BillPeriod,
@@ -698,8 +699,9 @@ async def republish_after_window(stack: FaultStack, chaos: Chaos) -> None:
     connection_ = await _nats(stack)
     try:
         js = connection_.jetstream()
-        config = (await js.stream_info(subjects.EVENTS_STREAM)).config
-        await js.update_stream(replace(config, duplicate_window=SHORT_DUPLICATE_WINDOW_S))
+        config = (await until_jetstream_answers(lambda: js.stream_info(subjects.EVENTS_STREAM))).config
+        short = replace(config, duplicate_window=SHORT_DUPLICATE_WINDOW_S)
+        await until_jetstream_answers(lambda: js.update_stream(short))
         try:
             await asyncio.sleep(SHORT_DUPLICATE_WINDOW_S * 2)
             if created is not None:
@@ -709,15 +711,17 @@ async def republish_after_window(stack: FaultStack, chaos: Chaos) -> None:
                     source="fault-campaign",
                     occurred_at=created.occurred_at,
                 )
-                ack = await js.publish(
-                    created.subject,
-                    json.dumps(created.payload).encode(),
-                    headers={**created.headers, **headers},
+                ack = await until_jetstream_answers(
+                    lambda: js.publish(
+                        created.subject,
+                        json.dumps(created.payload).encode(),
+                        headers={**created.headers, **headers},
+                    )
                 )
                 if not ack.duplicate:
                     chaos.republished.append(ack.seq)
         finally:
-            await js.update_stream(config)
+            await until_jetstream_answers(lambda: js.update_stream(config))
     finally:
         await connection_.close()
 
@@ -733,17 +737,19 @@ async def publish_poison(stack: FaultStack, chaos: Chaos) -> None:
         js = connection_.jetstream()
         sent = {f"poison-{uuid4()}" for _ in POISON_SUBJECTS}
         for subject, message_id in zip(POISON_SUBJECTS, sorted(sent), strict=True):
-            await js.publish(subject, b"{not json", headers={"Nats-Msg-Id": message_id})
+            await until_jetstream_answers(
+                partial(js.publish, subject, b"{not json", headers={"Nats-Msg-Id": message_id})
+            )
             chaos.poison_published += 1
         deadline = time.monotonic() + 5.0
         while time.monotonic() < deadline:
             with contextlib.suppress(TimeoutError):
                 await advisories.next_msg(timeout=max(deadline - time.monotonic(), 0.01))
                 chaos.poison_terminated += 1
-        for letter in await list_dead_letters(js):
+        for letter in await until_jetstream_answers(lambda: list_dead_letters(js)):
             if letter.event_id in sent and letter.reason == "poison":
                 chaos.poison_dead_lettered += 1
-                await discard_dead_letter(js, letter.sequence)
+                await until_jetstream_answers(partial(discard_dead_letter, js, letter.sequence))
     finally:
         await connection_.close()
 
@@ -1322,18 +1328,20 @@ async def _bus_events(
 
 async def read_stream_events(js: Any, subject: str) -> list[BusEvent]:
     """Every message on `subject` stored in `TF_EVENTS` so far (new ones are not waited for)."""
-    last = (await js.stream_info(subjects.EVENTS_STREAM)).state.last_seq
-    subscription = await js.pull_subscribe(
-        subject,
-        durable=None,
-        stream=subjects.EVENTS_STREAM,
-        config=ConsumerConfig(ack_policy=AckPolicy.NONE, deliver_policy=DeliverPolicy.ALL),
+    last = (await until_jetstream_answers(lambda: js.stream_info(subjects.EVENTS_STREAM))).state.last_seq
+    subscription = await until_jetstream_answers(
+        lambda: js.pull_subscribe(
+            subject,
+            durable=None,
+            stream=subjects.EVENTS_STREAM,
+            config=ConsumerConfig(ack_policy=AckPolicy.NONE, deliver_policy=DeliverPolicy.ALL),
+        )
     )
     events: list[BusEvent] = []
     try:
         while True:
             try:
-                batch = await subscription.fetch(batch=500, timeout=1.0)
+                batch = await until_jetstream_answers(lambda: subscription.fetch(batch=500, timeout=1.0))
             except TimeoutError:  # nats.errors.TimeoutError, or asyncio's when the deadline ran out first
                 return events
             for message in batch:
@@ -1366,7 +1374,7 @@ async def _consumer_backlogs(js: Any) -> dict[str, tuple[int, int]]:
     deadline = time.monotonic() + CONVERGENCE_S
     while True:
         backlogs: dict[str, tuple[int, int]] = {}
-        for info in await js.consumers_info(subjects.EVENTS_STREAM):
+        for info in await until_jetstream_answers(lambda: js.consumers_info(subjects.EVENTS_STREAM)):
             name = info.name or ""
             if not name.startswith(ALLOCATION_CONSUMER_PREFIXES):
                 continue
