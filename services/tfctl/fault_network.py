@@ -16,8 +16,12 @@ from the host at `CELL_IP`. Then (the kernel drops the packets in each case; no 
   packets to a class whose `pfifo limit 0` drops every one. Nothing is reset or closed: both sides'
   TCP sees silence and retransmits, as behind a real partition. This kernel has no `gact` action
   (`tc filter ... action drop` answers "Failed to load TC action module") nor `prio`, hence the class;
-- `slow_link(seconds)`: a token bucket (`tc qdisc ... tbf rate 256kbit latency 200ms`) on both ends,
-  which delays what fits in its queue and drops what does not (this kernel has no `netem`).
+- `slow_link(seconds)` (or `slowed()` as a context): a slow, lossy link both ways. This kernel has no
+  `netem`, so each end gets what does the same with the parts it has: an `htb` root qdisc whose default
+  class leads to a token bucket (`tbf rate 256kbit burst 8kb latency 200ms`: what fits in its queue is
+  delayed, what overflows it is dropped), and a `bpf` filter, a classic BPF program that draws the
+  kernel's random number for each packet (`ld rand`) and sends `SLOW_LOSS_PERCENT` of them, at random,
+  to the class whose `pfifo limit 0` drops them: random loss, as `netem loss 5%` would.
 
 Each fault replaces the root qdisc of both ends, so two of them must not overlap on one cell.
 `close()` removes the pair, the namespace and the forwarders. Where a step is refused (not root, no
@@ -39,6 +43,8 @@ from dataclasses import dataclass, field
 SLOW_RATE = "256kbit"
 SLOW_LATENCY = "200ms"
 SLOW_BURST = "8kb"
+SLOW_LOSS_PERCENT = 5.0
+SLOW_CLASS = "1:2"
 PIPE_CHUNK = 65536
 CELLS_PER_PROCESS = 2
 DROP_CLASS = "1:1"
@@ -47,6 +53,32 @@ PROBE_PORT = 9
 
 class LinkCutError(RuntimeError):
     """`tc` refused a step of a per-port cut; the message is the command and its error."""
+
+
+@dataclass
+class LinkStats:
+    """What the kernel did to the packets of a slowed link (`NetworkCell.slowed`), both ends summed."""
+
+    passed: int = 0
+    """Packets that went through the token bucket (delayed when its queue was not empty)."""
+    dropped_at_random: int = 0
+    """Packets the random-loss filter sent to the dropping class."""
+    dropped_on_overflow: int = 0
+    """Packets the token bucket dropped because its queue was full."""
+
+
+def random_loss_program(percent: float) -> str:
+    """A classic BPF program for a `tc ... bpf bytecode` filter that matches `percent` of packets at
+    random: `A = rand` (the ancillary load `SKF_AD_OFF + SKF_AD_RANDOM`, a fresh 32-bit random number
+    per packet), then `A > threshold`: return -1 (matched: the filter's `classid`), else 0 (not
+    matched). The text is tc's: the instruction count, then `code jt jf k` per instruction."""
+    if not 0.0 < percent < 100.0:
+        raise ValueError(f"loss percent must be above 0 and below 100, got {percent}")
+    threshold = round((1.0 - percent / 100.0) * 0xFFFFFFFF)
+    load_random = f"{0x20} 0 0 {(1 << 32) - 0x1000 + 56}"
+    above_threshold = f"{0x25} 0 1 {threshold}"
+    matched, not_matched = f"{0x06} 0 0 {0xFFFFFFFF}", f"{0x06} 0 0 0"
+    return f"4,{load_random},{above_threshold},{matched},{not_matched}"
 
 
 @dataclass
@@ -220,22 +252,68 @@ class NetworkCell:
         for tc, device in ((host_end, self.host_interface), (cell_end, self.cell_interface)):
             subprocess.run([*tc, "qdisc", "del", "dev", device, "root"], capture_output=True, check=False)
 
-    async def slow_link(self, seconds: float) -> None:
-        """A slow link that drops what overflows its queue, both ways, for `seconds`."""
-        bucket = ["root", "tbf", "rate", SLOW_RATE, "burst", SLOW_BURST, "latency", SLOW_LATENCY]
-        ends = (
-            ["tc", "qdisc", "{}", "dev", self.host_interface],
-            ["ip", "netns", "exec", self.namespace, "tc", "qdisc", "{}", "dev", self.cell_interface],
-        )
-        for end in ends:
-            command = [word.replace("{}", "add") for word in end] + bucket
-            await asyncio.to_thread(subprocess.run, command, capture_output=True, check=True)
-        try:
+    async def slow_link(self, seconds: float) -> LinkStats:
+        """A slow link that drops `SLOW_LOSS_PERCENT` of packets at random and what overflows its
+        queue, both ways, for `seconds`; what the kernel did to the packets meanwhile."""
+        async with self.slowed() as stats:
             await asyncio.sleep(seconds)  # the fault itself is the slow link, not a synchronisation
+        return stats
+
+    @contextlib.asynccontextmanager
+    async def slowed(self, loss_percent: float = SLOW_LOSS_PERCENT) -> AsyncIterator[LinkStats]:
+        """While open, the link is slow and lossy both ways (see the module); raises `LinkCutError`
+        when `tc` refuses. The `LinkStats` it gives holds, once closed, the kernel's counts."""
+        stats = LinkStats()
+        await asyncio.to_thread(self._slow_down, loss_percent)
+        try:
+            yield stats
         finally:
-            for end in ends:
-                command = [word.replace("{}", "del") for word in end] + ["root"]
-                await asyncio.to_thread(subprocess.run, command, capture_output=True, check=False)
+            counted = await asyncio.to_thread(self._slowed_counts)
+            stats.passed, stats.dropped_at_random, stats.dropped_on_overflow = counted
+            await asyncio.to_thread(self._clear_qdiscs)
+
+    def _slow_down(self, loss_percent: float) -> None:
+        host_end, cell_end = self._ends()
+        program = random_loss_program(loss_percent)
+        for tc, device in ((host_end, self.host_interface), (cell_end, self.cell_interface)):
+            steps = (
+                ["qdisc", "add", "dev", device, "root", "handle", "1:", "htb", "default", SLOW_CLASS[2:]],
+                f"class add dev {device} parent 1: classid {DROP_CLASS} htb rate 8kbit quantum 1514".split(),
+                f"qdisc add dev {device} parent {DROP_CLASS} handle 10: pfifo limit 0".split(),
+                f"class add dev {device} parent 1: classid {SLOW_CLASS} htb rate 1gbit quantum 60000".split(),
+                [
+                    *f"qdisc add dev {device} parent {SLOW_CLASS} handle 20: tbf rate {SLOW_RATE}".split(),
+                    *f"burst {SLOW_BURST} latency {SLOW_LATENCY}".split(),
+                ],
+                [
+                    *f"filter add dev {device} parent 1: protocol all prio 1 bpf bytecode".split(),
+                    program,
+                    "classid",
+                    DROP_CLASS,
+                ],
+            )
+            for step in steps:
+                done = subprocess.run([*tc, *step], capture_output=True, text=True, check=False)
+                if done.returncode != 0:
+                    self._clear_qdiscs()
+                    raise LinkCutError(f"tc {' '.join(step)}: {done.stderr.strip()}")
+
+    def _slowed_counts(self) -> tuple[int, int, int]:
+        """Packets passed by the token buckets (handle 20:), dropped by the random-loss class's `pfifo`
+        (10:) and dropped by the token buckets, both ends summed (`tc -s qdisc show`)."""
+        host_end, cell_end = self._ends()
+        passed = at_random = on_overflow = 0
+        for tc, device in ((host_end, self.host_interface), (cell_end, self.cell_interface)):
+            command = [*tc, "-s", "qdisc", "show", "dev", device]
+            shown = subprocess.run(command, capture_output=True, text=True, check=False).stdout
+            dropper = shown.partition("qdisc pfifo 10:")[2]
+            bucket = shown.partition("qdisc tbf 20:")[2]
+            if found := re.search(r"dropped (\d+)", dropper):
+                at_random += int(found.group(1))
+            if found := re.search(r"Sent \d+ bytes (\d+) pkt \(dropped (\d+)", bucket):
+                passed += int(found.group(1))
+                on_overflow += int(found.group(2))
+        return passed, at_random, on_overflow
 
     async def close(self) -> None:
         for server in self.servers:

@@ -612,6 +612,9 @@ class Chaos:
     partition_drops: dict[str, int] = field(default_factory=dict)
     """Packets the kernel dropped in each per-port partition (`partition scheduler from nats 5s`...),
     summed over its runs: 0 would mean the cut hit no traffic."""
+    slow_link: dict[str, int] = field(default_factory=dict)
+    """What the kernel did to the slowed agent's packets over every slow-link fault: `passed` (through
+    the token bucket), `dropped_at_random` (the 5% random loss), `dropped_on_overflow` (queue full)."""
     evictions: dict[str, int] = field(default_factory=dict)
     """`tf.evt.pod.evicted` in the stream at the end, by what evicted (defrag, preemption)."""
     not_run: dict[str, str] = field(default_factory=dict)
@@ -841,6 +844,11 @@ def fault_plan(stack: FaultStack, chaos: Chaos, consumer: StalledConsumer | None
 
         return Fault(name, inject)
 
+    async def slow_link(cell: NetworkCell) -> None:
+        stats = await cell.slow_link(PAUSE_S)
+        for name, count in asdict(stats).items():
+            chaos.slow_link[name] = chaos.slow_link.get(name, 0) + count
+
     def with_chaos(name: str, action: Callable[[FaultStack, Chaos], Any]) -> Fault:
         async def inject(stack: FaultStack) -> None:
             await action(stack, chaos)
@@ -866,7 +874,7 @@ def fault_plan(stack: FaultStack, chaos: Chaos, consumer: StalledConsumer | None
     if cell is not None:
         cut_off = stack.agents()[-1].name
         plan.append(Fault(f"partition {cut_off} {PAUSE_S:.0f}s", lambda _: cell.partition(PAUSE_S)))
-        plan.append(Fault(f"slow-link {cut_off} {PAUSE_S:.0f}s", lambda _: cell.slow_link(PAUSE_S)))
+        plan.append(Fault(f"slow-link {cut_off} {PAUSE_S:.0f}s", lambda _: slow_link(cell)))
     scheduler_cell = stack.scheduler_cell
     if scheduler_cell is not None:
         plan.append(partition_from(scheduler_cell, "scheduler", "nats", stack.nats.ports))

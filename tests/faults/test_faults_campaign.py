@@ -138,3 +138,5 @@ def test_the_campaign_injected_every_kind_of_fault_real_on_this_machine(report: 
         cut_from = {name.rsplit(" ", 1)[0] for name in drops}
         assert cut_from == {"partition scheduler from nats", "partition scheduler from postgres"}, drops
         assert min(drops.values()) > 0, drops
+        slowed = report["chaos"]["slow_link"]
+        assert slowed["passed"] + slowed["dropped_at_random"] > 0, slowed  # the agent's heartbeats

@@ -7,14 +7,22 @@ Postgres must answer an `SSLRequest`) and keeps one NATS connection open (`PING`
 a reset: the kernel drops the packets), the other port answers as before, and afterwards everything
 answers again, the held connection included (TCP retransmitted what the cut dropped); the kernel
 counted the packets it dropped (what the campaign reports as `chaos.partition_drops`).
+
+The slow, lossy link is real too: while a cell is `slowed()`, datagrams sent from it are lost at
+random (about `SLOW_LOSS_PERCENT`, counted by the kernel), a bulk TCP transfer takes as long as the
+token bucket's rate says and still arrives whole (TCP retransmits the lost segments), and afterwards
+everything answers again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator
+from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
@@ -163,3 +171,78 @@ async def test_the_per_port_cut_is_accepted_by_this_kernel_and_leaves_no_qdisc_b
     output, _ = await shown.communicate()
     assert b"htb" not in output, output
     assert b"pfifo" not in output, output
+
+
+DATAGRAMS = 400
+DATAGRAM_SPACING_S = 0.005
+"""400 small datagrams over 2 s: 18 KB/s, under the slow link's 256 kbit/s, so its queue never overflows."""
+SENDER = r"""
+import socket, sys, time
+host, port, count, spacing = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sender:
+    for serial in range(count):
+        sender.sendto(serial.to_bytes(4, "big") * 16, (host, port))
+        time.sleep(spacing)
+"""
+BULK_BYTES = 48 * 1024
+"""A NATS publish this large takes 1.5 s at 256 kbit/s (less the token bucket's 8 KB burst)."""
+
+
+async def test_a_slowed_cell_loses_packets_at_random_and_slows_tcp_which_still_delivers(
+    cell: tuple[NetworkCell, dict[str, int]], probe: Probe
+) -> None:
+    network, ports = cell
+    assert await probe.round(RECOVERY_ROUND_S) == ALL_OK
+    received: set[bytes] = set()
+    transport, _ = await asyncio.get_running_loop().create_datagram_endpoint(
+        lambda: _Collector(received), local_addr=(network.host_ip, 0)
+    )
+    try:
+        argv = [sys.executable, "-c", SENDER, network.host_ip, str(transport.get_extra_info("sockname")[1])]
+        async with network.slowed() as link:
+            sender = await asyncio.create_subprocess_exec(
+                *network.wrap([*argv, str(DATAGRAMS), str(DATAGRAM_SPACING_S)])
+            )
+            assert await asyncio.wait_for(sender.wait(), timeout=30) == 0
+            bulk_started = time.monotonic()
+            bulk = await asyncio.to_thread(_publish_through_cell, network, ports["nats"])
+            bulk_s = time.monotonic() - bulk_started
+    finally:
+        transport.close()
+    assert bulk == "ok", bulk
+    assert 0 < len(received) < DATAGRAMS
+    assert link.dropped_at_random + link.dropped_on_overflow + len(received) >= DATAGRAMS, link
+    assert 4 <= link.dropped_at_random <= 60, link
+    assert bulk_s >= (BULK_BYTES - 8 * 1024) * 8 / 256_000, f"{BULK_BYTES} bytes took only {bulk_s:.2f}s"
+    assert await probe.round(RECOVERY_ROUND_S) == ALL_OK
+
+
+class _Collector(asyncio.DatagramProtocol):
+    """Keeps the serial (first 4 bytes) of each datagram received."""
+
+    def __init__(self, received: set[bytes]) -> None:
+        self.received = received
+
+    def datagram_received(self, data: bytes, addr: tuple[str | Any, int]) -> None:
+        self.received.add(data[:4])
+
+
+def _publish_through_cell(network: NetworkCell, nats_port: int) -> str:
+    """From inside the cell: one `BULK_BYTES` NATS publish, then `PING`; "ok" once its `PONG` arrived."""
+    script = (
+        "import socket, sys\n"
+        f"c = socket.create_connection(({network.host_ip!r}, {nats_port}), timeout=60)\n"
+        "c.recv(4096)\n"
+        f"c.sendall(b'CONNECT {{\"verbose\":false}}\\r\\nPUB tf.test.bulk {BULK_BYTES}\\r\\n'"
+        f" + b'x' * {BULK_BYTES} + b'\\r\\nPING\\r\\n')\n"
+        "seen = b''\n"
+        "while b'PONG' not in seen:\n"
+        "    data = c.recv(4096)\n"
+        "    if not data: sys.exit('closed')\n"
+        "    seen += data\n"
+        "print('ok')\n"
+    )
+    done = subprocess.run(
+        network.wrap([sys.executable, "-c", script]), capture_output=True, text=True, timeout=90, check=False
+    )
+    return done.stdout.strip() or done.stderr.strip()[-500:]
