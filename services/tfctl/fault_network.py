@@ -219,33 +219,41 @@ class NetworkCell:
             (cell_end, self.cell_interface, f"dst {self.host_ip}/32 match ip dport"),
         )
         for tc, device, match in ends:
-            steps = (
-                f"qdisc add dev {device} root handle 1: htb default 0",
-                f"class add dev {device} parent 1: classid {DROP_CLASS} htb rate 8kbit quantum 1514",
-                f"qdisc add dev {device} parent {DROP_CLASS} handle 10: pfifo limit 0",
+            steps = [
+                f"qdisc add dev {device} root handle 1: htb default 0".split(),
+                *_dropping_class(device),
                 *(
-                    f"filter add dev {device} parent 1: protocol ip prio 1 u32 match ip protocol 6 0xff"
-                    f" match ip {match} {port} 0xffff flowid {DROP_CLASS}"
+                    (
+                        f"filter add dev {device} parent 1: protocol ip prio 1 u32 match ip protocol 6 0xff"
+                        f" match ip {match} {port} 0xffff flowid {DROP_CLASS}"
+                    ).split()
                     for port in ports
                 ),
-            )
-            for step in steps:
-                done = subprocess.run([*tc, *step.split()], capture_output=True, text=True, check=False)
-                if done.returncode != 0:
-                    self._clear_qdiscs()
-                    raise LinkCutError(f"tc {step}: {done.stderr.strip()}")
+            ]
+            self._run_tc(tc, steps)
+
+    def _run_tc(self, tc: list[str], steps: Sequence[list[str]]) -> None:
+        """Each of `steps` with the `tc` prefix `tc`; at the first refusal both ends' qdiscs are
+        removed and `LinkCutError` raised with the step and tc's message."""
+        for step in steps:
+            done = subprocess.run([*tc, *step], capture_output=True, text=True, check=False)
+            if done.returncode != 0:
+                self._clear_qdiscs()
+                raise LinkCutError(f"tc {' '.join(step)}: {done.stderr.strip()}")
+
+    def _shown_qdiscs(self) -> list[str]:
+        """`tc -s qdisc show` of the host end and of the cell end."""
+        host_end, cell_end = self._ends()
+        return [
+            subprocess.run(
+                [*tc, "-s", "qdisc", "show", "dev", device], capture_output=True, text=True, check=False
+            ).stdout
+            for tc, device in ((host_end, self.host_interface), (cell_end, self.cell_interface))
+        ]
 
     def _dropped_packets(self) -> int:
-        """Packets the dropping `pfifo` (handle 10:) of each end has dropped (`tc -s qdisc show`)."""
-        host_end, cell_end = self._ends()
-        dropped = 0
-        for tc, device in ((host_end, self.host_interface), (cell_end, self.cell_interface)):
-            command = [*tc, "-s", "qdisc", "show", "dev", device]
-            shown = subprocess.run(command, capture_output=True, text=True, check=False)
-            dropper = shown.stdout.partition("qdisc pfifo 10:")[2]
-            if found := re.search(r"dropped (\d+)", dropper):
-                dropped += int(found.group(1))
-        return dropped
+        """Packets the dropping `pfifo` (handle 10:) of each end has dropped."""
+        return sum(_dropped_by_pfifo(shown) for shown in self._shown_qdiscs())
 
     def _clear_qdiscs(self) -> None:
         host_end, cell_end = self._ends()
@@ -276,40 +284,29 @@ class NetworkCell:
         host_end, cell_end = self._ends()
         program = random_loss_program(loss_percent)
         for tc, device in ((host_end, self.host_interface), (cell_end, self.cell_interface)):
-            steps = (
-                ["qdisc", "add", "dev", device, "root", "handle", "1:", "htb", "default", SLOW_CLASS[2:]],
-                f"class add dev {device} parent 1: classid {DROP_CLASS} htb rate 8kbit quantum 1514".split(),
-                f"qdisc add dev {device} parent {DROP_CLASS} handle 10: pfifo limit 0".split(),
+            steps = [
+                f"qdisc add dev {device} root handle 1: htb default {SLOW_CLASS[2:]}".split(),
+                *_dropping_class(device),
                 f"class add dev {device} parent 1: classid {SLOW_CLASS} htb rate 1gbit quantum 60000".split(),
-                [
-                    *f"qdisc add dev {device} parent {SLOW_CLASS} handle 20: tbf rate {SLOW_RATE}".split(),
-                    *f"burst {SLOW_BURST} latency {SLOW_LATENCY}".split(),
-                ],
+                (
+                    f"qdisc add dev {device} parent {SLOW_CLASS} handle 20: tbf rate {SLOW_RATE}"
+                    f" burst {SLOW_BURST} latency {SLOW_LATENCY}"
+                ).split(),
                 [
                     *f"filter add dev {device} parent 1: protocol all prio 1 bpf bytecode".split(),
                     program,
-                    "classid",
-                    DROP_CLASS,
+                    *f"classid {DROP_CLASS}".split(),
                 ],
-            )
-            for step in steps:
-                done = subprocess.run([*tc, *step], capture_output=True, text=True, check=False)
-                if done.returncode != 0:
-                    self._clear_qdiscs()
-                    raise LinkCutError(f"tc {' '.join(step)}: {done.stderr.strip()}")
+            ]
+            self._run_tc(tc, steps)
 
     def _slowed_counts(self) -> tuple[int, int, int]:
         """Packets passed by the token buckets (handle 20:), dropped by the random-loss class's `pfifo`
-        (10:) and dropped by the token buckets, both ends summed (`tc -s qdisc show`)."""
-        host_end, cell_end = self._ends()
+        (10:) and dropped by the token buckets, both ends summed."""
         passed = at_random = on_overflow = 0
-        for tc, device in ((host_end, self.host_interface), (cell_end, self.cell_interface)):
-            command = [*tc, "-s", "qdisc", "show", "dev", device]
-            shown = subprocess.run(command, capture_output=True, text=True, check=False).stdout
-            dropper = shown.partition("qdisc pfifo 10:")[2]
+        for shown in self._shown_qdiscs():
+            at_random += _dropped_by_pfifo(shown)
             bucket = shown.partition("qdisc tbf 20:")[2]
-            if found := re.search(r"dropped (\d+)", dropper):
-                at_random += int(found.group(1))
             if found := re.search(r"Sent \d+ bytes (\d+) pkt \(dropped (\d+)", bucket):
                 passed += int(found.group(1))
                 on_overflow += int(found.group(2))
@@ -326,6 +323,21 @@ class NetworkCell:
     def _remove_links(self) -> None:
         _ip("link", "del", self.host_interface)
         _ip("netns", "del", self.namespace)
+
+
+def _dropping_class(device: str) -> list[list[str]]:
+    """The `tc` steps of class `DROP_CLASS` under root `1:`, whose `pfifo limit 0` (handle 10:) drops
+    every packet sent to it."""
+    return [
+        f"class add dev {device} parent 1: classid {DROP_CLASS} htb rate 8kbit quantum 1514".split(),
+        f"qdisc add dev {device} parent {DROP_CLASS} handle 10: pfifo limit 0".split(),
+    ]
+
+
+def _dropped_by_pfifo(shown: str) -> int:
+    """The packets the dropping `pfifo` (handle 10:) dropped, from one end's `tc -s qdisc show`."""
+    found = re.search(r"dropped (\d+)", shown.partition("qdisc pfifo 10:")[2])
+    return int(found.group(1)) if found else 0
 
 
 async def _pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
