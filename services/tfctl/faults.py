@@ -669,8 +669,9 @@ async def terminate_backends(stack: FaultStack, chaos: Chaos) -> None:
 
 
 async def republish_after_window(stack: FaultStack, chaos: Chaos) -> None:
-    """Shrink the events stream's duplicate window to 1 s, wait past it, and publish the last released
-    allocation's `allocation.created` again with its original event id (stored again: past the window
+    """Shrink the events stream's duplicate window to 1 s, wait past it, and publish the `allocation.created`
+    of the last released allocation whose creation is among the last 500 events of its kind (a long-lived
+    one's may be older) again with its original event id (stored again: past the window
     JetStream cannot know it), as a redelivery after its release; then restore the window. Consumers
     must stay idempotent: an agent that started that allocation again fails the views check."""
     outbox = tables.outbox.c
@@ -687,18 +688,20 @@ async def republish_after_window(stack: FaultStack, chaos: Chaos) -> None:
             ).all()
     finally:
         await engine.dispose()
-    released = next((row for row in rows if row.subject == subjects.ALLOCATION_RELEASED), None)
-    if released is None:
-        return
-    allocation = released.payload.get("allocation_id")
+    created_by_allocation = {
+        row.payload.get("allocation_id"): row for row in rows if row.subject == subjects.ALLOCATION_CREATED
+    }
     created = next(
         (
-            row
+            created_by_allocation[row.payload.get("allocation_id")]
             for row in rows
-            if row.subject == subjects.ALLOCATION_CREATED and row.payload.get("allocation_id") == allocation
+            if row.subject == subjects.ALLOCATION_RELEASED
+            and row.payload.get("allocation_id") in created_by_allocation
         ),
         None,
     )
+    if created is None:
+        return
     connection_ = await _nats(stack)
     try:
         js = connection_.jetstream()
@@ -707,22 +710,21 @@ async def republish_after_window(stack: FaultStack, chaos: Chaos) -> None:
         await until_jetstream_answers(lambda: js.update_stream(short))
         try:
             await asyncio.sleep(SHORT_DUPLICATE_WINDOW_S * 2)
-            if created is not None:
-                headers = cloudevent_headers(
-                    event_id=str(created.event_id),
-                    event_type=created.event_type,
-                    source="fault-campaign",
-                    occurred_at=created.occurred_at,
+            headers = cloudevent_headers(
+                event_id=str(created.event_id),
+                event_type=created.event_type,
+                source="fault-campaign",
+                occurred_at=created.occurred_at,
+            )
+            ack = await until_jetstream_answers(
+                lambda: js.publish(
+                    created.subject,
+                    json.dumps(created.payload).encode(),
+                    headers={**created.headers, **headers},
                 )
-                ack = await until_jetstream_answers(
-                    lambda: js.publish(
-                        created.subject,
-                        json.dumps(created.payload).encode(),
-                        headers={**created.headers, **headers},
-                    )
-                )
-                if not ack.duplicate:
-                    chaos.republished.append(ack.seq)
+            )
+            if not ack.duplicate:
+                chaos.republished.append(ack.seq)
         finally:
             await until_jetstream_answers(lambda: js.update_stream(config))
     finally:

@@ -234,9 +234,14 @@ async def test_an_agent_killed_outright_leaves_a_journal_the_next_agent_stops_an
 
         async def recovered() -> bool:
             assert restarted.process.returncode is None, _tail(log)
-            return _gone(command_pid) and await _released(run_stack, allocation_id)
+            journal_empty = not list((state_dir / "workers" / node).glob("*.json"))
+            return _gone(command_pid) and await _released(run_stack, allocation_id) and journal_empty
 
-        await _eventually(recovered, "the left-over command stopped and its allocation released")
+        # The agent forgets the entry once the scheduler has answered its release, a moment after the
+        # release is visible: wait for both before the agent is stopped.
+        await _eventually(
+            recovered, "the left-over command stopped, its allocation released and its journal entry gone"
+        )
 
     assert list((state_dir / "workers" / node).glob("*.json")) == []
     assert "left by the previous agent run" in _tail(log)
