@@ -244,6 +244,11 @@ async def test_gpu_node_and_pool_status_follow_the_ledger_within_a_second(
         node_status = state.objects[(GPU_NODES, None, "gpu-node-1")]["status"]
         assert (node_status["totalTFlops"], node_status["managedGPUDeviceIDs"]) == ("100", [uuid])
         assert node_status["phase"] == "Running"
+        await eventually(  # the writer patches GPUs, GPUNodes and GPUPools concurrently: any may land last
+            lambda: state.objects[(GPU_POOLS, None, "default")]["status"].get("availableTFlops") != "200",
+            timeout_s=1.0 - (time.monotonic() - bound_at),
+            what="GPUPool available updated",
+        )
         pool = state.objects[(GPU_POOLS, None, "default")]["status"]
         assert (pool["availableTFlops"], pool["totalNodes"], pool["readyNodes"]) == ("170", 2, 2)
         assert pool["lastDefragTime"] == "2026-01-01T00:00:00Z"
