@@ -146,6 +146,15 @@ class CampaignExecutor:
                 )
                 loaded = await self._load(pool, None)
                 plan = plan_defrag(loaded.snapshot, config, self._now(), profile=self.deps.profile)
+                log.info(
+                    "defrag campaign started",
+                    extra={
+                        "campaign": str(campaign.id),
+                        "pool": pool,
+                        "trigger": trigger,
+                        "drains": [drain.node for drain in plan.drains],
+                    },
+                )
                 await self._publish(
                     DefragCampaignStarted(
                         event_id=_event_id(campaign.id, "started"),
@@ -279,6 +288,9 @@ class CampaignExecutor:
             return
         await self._mark_node(drain.node, markers.clear_source_markers())
         await self.deps.store.node_drained(campaign.id, drain.node)
+        log.info(
+            "node drained", extra={"campaign": str(campaign.id), "node": drain.node, "pods_moved": moved}
+        )
         await self._publish(
             NodeDrained(
                 event_id=_event_id(campaign.id, "drained", drain.node),
@@ -371,6 +383,15 @@ class CampaignExecutor:
                 campaign.id, pod.uid, "evicted", evicted.occurred_at, connection=transaction.connection
             )
             await transaction.announce(evicted)
+        log.info(
+            "evicted for defrag; waiting for its replacement",
+            extra={
+                "campaign": str(campaign.id),
+                "pod": move.key,
+                "node": move.from_node,
+                "target": move.to_node,
+            },
+        )
         await self._mark_evicted(campaign.pool, pod)
         records = [m for m in await deps.store.moves(campaign.id) if m.pod_uid == pod.uid]
         await self._wait_for_replacement(
@@ -442,6 +463,10 @@ class CampaignExecutor:
                 await self.deps.store.set_move_state(
                     campaign.id, move.pod_uid, "placed", self._now(), placed_on=placed_on
                 )
+                log.info(
+                    "replacement placed",
+                    extra={"campaign": str(campaign.id), "pod": key, "node": placed_on},
+                )
                 return
             if self._now() >= until:
                 reason = f"replacement for {key} was not placed in time"
@@ -492,6 +517,12 @@ class CampaignExecutor:
         return len(expired)
 
     async def _fail(self, campaign: CampaignRecord, node: str, reason: str, *, stranded: int = 0) -> None:
+        log.warning(
+            "defrag leaves node %s: %s",
+            node,
+            reason,
+            extra={"campaign": str(campaign.id), "node": node, "stranded": stranded},
+        )
         await self._mark_node(node, markers.clear_source_markers())
         await self._mark_node(node, markers.evict_skip_markers(campaign.pool, reason, self._now()))
         await self.deps.store.node_failed(campaign.id, node, reason, stranded=stranded)

@@ -167,7 +167,12 @@ class DefragService:
             if message.max_duration_ms
             else compaction.defrag.max_duration
         )
-        self.start(message.pool, "manual", deadline=self.deps.clock() + window)
+        if not self.start(message.pool, "manual", deadline=self.deps.clock() + window):
+            log.warning(
+                "a defrag campaign already runs for pool %s here; the manual request starts nothing",
+                message.pool,
+                extra={"event": "defrag.campaign_busy", "pool": message.pool},
+            )
         return []
 
     async def tick(self) -> None:

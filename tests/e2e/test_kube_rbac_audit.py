@@ -260,7 +260,32 @@ def exercise_defrag(stack: KubeStack) -> None:
         now = serve_pods(stack)
         return len(now) == 2 and not set(now) & before and set(now.values()) == {target}
 
-    eventually("both serve replicas replaced on the target", moved, within_s=60)
+    try:
+        eventually("both serve replicas replaced on the target", moved, within_s=60)
+    except AssertionError as failure:
+        plan = httpx.get(f"{urls['defrag-planner']}/api/v1/defrag/plan", params={"pool": "default"}).text
+        story = f"source {source}, target {target}, plan now {plan}\n{defrag_story(stack)}"
+        raise AssertionError(f"{failure}; {story}") from None
+
+
+def defrag_story(stack: KubeStack) -> str:
+    """What a failed drain left behind: every pod of the namespace, the budget's status, and what the
+    planner's and the scheduler's logs say of the campaign, the pods and their holds."""
+    budget = stack.kubectl("get", "pdb", "serve", "-n", NAMESPACE, "-o", "jsonpath={.status}", check=False)
+    lines = [f"budget serve: {budget}"]
+    lines += [
+        f"{name}: {pod['spec'].get('nodeName')} {pod['status'].get('phase')}"
+        f"{' terminating' if 'deletionTimestamp' in pod['metadata'] else ''} {pod['metadata'].get('uid')}"
+        for name, pod in sorted(pods(stack).items())
+    ]
+    for service, worth_reading in (
+        ("defrag-planner", ("tfdefrag", "WARNING", "ERROR")),
+        ("scheduler", ("hold", NAMESPACE, "WARNING", "ERROR")),
+    ):
+        log = stack.state_dir / "logs" / f"{service}.log"
+        read = log.read_text().splitlines() if log.exists() else []
+        lines += [f"{log}:", *[line for line in read if any(word in line for word in worth_reading)][-30:]]
+    return "\n".join(lines)
 
 
 def exercise_metrics(stack: KubeStack) -> None:

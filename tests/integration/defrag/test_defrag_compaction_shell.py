@@ -1,13 +1,18 @@
-"""Compaction and the marker TTL sweep through the service shell, on the ledger and a cluster."""
+"""Compaction, the marker TTL sweep and the manual trigger through the service shell, on the ledger and
+a cluster."""
 
 from __future__ import annotations
 
+import logging
+from datetime import UTC, datetime
 from pathlib import Path
+from uuid import uuid4
 
 import pytest
 from defrag_scenario import LocalSeed, build_scenario, node_manifest, register_node
 from tfcommon.cluster.local import LocalCluster
 from tfcommon.config_source import ConfigSource
+from tfcommon.events import StartDefragCampaign
 from tfcommon.ledger.sql import SqlLedger
 from tfdefrag.core.config import CompactionConfig, DefragConfig
 from tfdefrag.service import DefragService
@@ -50,3 +55,27 @@ async def test_an_empty_node_gets_should_delete_and_a_stale_source_marker_expire
     assert cleared is not None
     assert "tensor-fusion.ai/defrag-source" not in cleared.labels
     assert "tensor-fusion.ai/defrag-source-since" not in cleared.annotations
+
+
+async def test_a_manual_request_while_the_pool_has_a_campaign_running_says_it_starts_nothing(
+    ledger: SqlLedger, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    cluster = LocalCluster()
+    scenario = await build_scenario(ledger, cluster, LocalSeed(cluster))
+    config = tmp_path / "config.yaml"
+    config.write_text(f"gpuPools:\n  - name: {scenario.pool}\n", encoding="utf-8")
+    service = DefragService(deps=scenario.executor().deps, config=ConfigSource(config))
+    request = StartDefragCampaign(event_id=uuid4(), occurred_at=datetime.now(UTC), pool=scenario.pool)
+
+    try:
+        with caplog.at_level(logging.INFO, logger="tfdefrag.service"):
+            await service.start_from_command(request)
+            first = service.campaigns[scenario.pool]
+            await service.start_from_command(request.model_copy(update={"event_id": uuid4()}))
+    finally:
+        await service.stop_campaigns()
+
+    assert service.campaigns[scenario.pool] is first, "the running campaign is kept, not replaced"
+    busy = [record for record in caplog.records if getattr(record, "event", None) == "defrag.campaign_busy"]
+    assert [record.levelno for record in busy] == [logging.WARNING]
+    assert f"already runs for pool {scenario.pool}" in busy[0].getMessage()
