@@ -9,7 +9,7 @@ from pathlib import Path
 from uuid import uuid4
 
 import pytest
-from defrag_scenario import LocalSeed, build_scenario, node_manifest, register_node
+from defrag_scenario import LocalSeed, Scenario, build_scenario, node_manifest, register_node
 from tfcommon.cluster.local import LocalCluster
 from tfcommon.config_source import ConfigSource
 from tfcommon.events import StartDefragCampaign
@@ -39,9 +39,7 @@ async def test_an_empty_node_gets_should_delete_and_a_stale_source_marker_expire
         },
     }
     seed.put_node(stale)
-    config = tmp_path / "config.yaml"
-    config.write_text(f"gpuPools:\n  - name: {scenario.pool}\n", encoding="utf-8")
-    service = DefragService(deps=scenario.executor().deps, config=ConfigSource(config))
+    service = _service(scenario, tmp_path)
 
     marked = await service.compact(scenario.pool)
     await service.expire_markers(scenario.pool, CompactionConfig(pool=scenario.pool, defrag=DefragConfig()))
@@ -62,9 +60,7 @@ async def test_a_manual_request_while_the_pool_has_a_campaign_running_says_it_st
 ) -> None:
     cluster = LocalCluster()
     scenario = await build_scenario(ledger, cluster, LocalSeed(cluster))
-    config = tmp_path / "config.yaml"
-    config.write_text(f"gpuPools:\n  - name: {scenario.pool}\n", encoding="utf-8")
-    service = DefragService(deps=scenario.executor().deps, config=ConfigSource(config))
+    service = _service(scenario, tmp_path)
     request = StartDefragCampaign(event_id=uuid4(), occurred_at=datetime.now(UTC), pool=scenario.pool)
 
     try:
@@ -79,3 +75,10 @@ async def test_a_manual_request_while_the_pool_has_a_campaign_running_says_it_st
     busy = [record for record in caplog.records if getattr(record, "event", None) == "defrag.campaign_busy"]
     assert [record.levelno for record in busy] == [logging.WARNING]
     assert f"already runs for pool {scenario.pool}" in busy[0].getMessage()
+
+
+def _service(scenario: Scenario, tmp_path: Path) -> DefragService:
+    """The planner's service shell on the scenario's ledger and cluster, its pool configured (defaults)."""
+    config = tmp_path / "config.yaml"
+    config.write_text(f"gpuPools:\n  - name: {scenario.pool}\n", encoding="utf-8")
+    return DefragService(deps=scenario.executor().deps, config=ConfigSource(config))
